@@ -1,0 +1,234 @@
+//! Reverse-mode differentiation on the IR, run by the macro at compile time.
+//!
+//! `differentiate` appends the backward pass to a forward graph: one vector-Jacobian rule per
+//! op, in `vjp`, which reads like a table of textbook derivatives. Gradients reaching a node
+//! along several paths are summed; gradients of broadcast operands are summed back to the
+//! operand's shape (`SumTo`).
+
+use crate::dim::Dim;
+use crate::graph::{Graph, GradOf, NodeId};
+use crate::infer::{ShapeError, Unifier};
+use crate::op::{DType, Op};
+
+/// Appends the backward pass of scalar node `output` and returns the gradient of every float
+/// leaf (parameter or input) in node order.
+pub fn differentiate(graph: &mut Graph, output: NodeId) -> Result<Vec<GradOf>, String> {
+    if !graph.node(output).shape.is_empty() {
+        return Err(format!(
+            "only a scalar output can be differentiated, this one has shape {}",
+            crate::infer::fmt_shape(&graph.node(output).shape)
+        ));
+    }
+    let forward_len = graph.len();
+    let mut u = Unifier::default();
+    let mut grads: Vec<Option<NodeId>> = vec![None; forward_len];
+    grads[output] = Some(graph.push(Op::Const { value: 1.0 }, &[], &mut u).map_err(|e| e.to_string())?);
+    for id in (0..forward_len).rev() {
+        let Some(g) = grads[id] else { continue };
+        let arg_grads = vjp(graph, id, g, &mut u).map_err(|e| format!("while differentiating %{id}: {e}"))?;
+        let args = graph.node(id).args.clone();
+        for (arg, ag) in args.into_iter().zip(arg_grads) {
+            let Some(ag) = ag else { continue };
+            grads[arg] = Some(match grads[arg] {
+                None => ag,
+                Some(prev) => graph.push(Op::Add, &[prev, ag], &mut u).map_err(|e| e.to_string())?,
+            });
+        }
+    }
+    Ok((0..forward_len)
+        .filter(|&i| {
+            let n = graph.node(i);
+            matches!(n.op, Op::Param { .. } | Op::Input { .. }) && n.dtype == DType::F32
+        })
+        .map(|leaf| GradOf { leaf, grad: grads[leaf] })
+        .collect())
+}
+
+/// Builds nodes while differentiating; every node built here passed its shape rule.
+struct B<'a> {
+    g: &'a mut Graph,
+    u: &'a mut Unifier,
+}
+
+impl B<'_> {
+    fn op(&mut self, op: Op, args: &[NodeId]) -> Result<NodeId, ShapeError> {
+        self.g.push(op, args, self.u)
+    }
+    fn c(&mut self, v: f64) -> Result<NodeId, ShapeError> {
+        self.g.push_shared(Op::Const { value: v }, &[], self.u)
+    }
+    fn mul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId, ShapeError> {
+        self.op(Op::Mul, &[a, b])
+    }
+    fn div(&mut self, a: NodeId, b: NodeId) -> Result<NodeId, ShapeError> {
+        self.op(Op::Div, &[a, b])
+    }
+    fn neg(&mut self, a: NodeId) -> Result<NodeId, ShapeError> {
+        self.op(Op::Neg, &[a])
+    }
+    /// `g` summed down to the shape of `like`, skipped when the shapes already agree.
+    fn sum_to(&mut self, g: NodeId, like: NodeId) -> Result<NodeId, ShapeError> {
+        if self.g.node(g).shape == self.g.node(like).shape {
+            Ok(g)
+        } else {
+            self.op(Op::SumTo, &[g, like])
+        }
+    }
+    /// Swaps the last two axes.
+    fn transpose_last(&mut self, a: NodeId) -> Result<NodeId, ShapeError> {
+        let r = self.g.node(a).shape.len();
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(r - 2, r - 1);
+        self.op(Op::Permute { perm }, &[a])
+    }
+}
+
+/// The gradient of each argument of node `id`, given the gradient `g` of its output.
+fn vjp(graph: &mut Graph, id: NodeId, g: NodeId, u: &mut Unifier) -> Result<Vec<Option<NodeId>>, String> {
+    let node = graph.node(id).clone();
+    let x = |i: usize| node.args[i];
+    let y = id;
+    let mut b = B { g: graph, u };
+    let e = |e: ShapeError| e.to_string();
+    let one = |v: NodeId| Ok::<_, String>(vec![Some(v)]);
+    match &node.op {
+        Op::Input { .. } | Op::Param { .. } | Op::Const { .. } | Op::DropoutMask { .. } => Ok(vec![None; node.args.len()]),
+        Op::Neg => one(b.neg(g).map_err(e)?),
+        Op::Relu => one(b.op(Op::ReluGrad, &[x(0), g]).map_err(e)?),
+        Op::Gelu => one(b.op(Op::GeluGrad, &[x(0), g]).map_err(e)?),
+        // d tanh = 1 - y^2
+        Op::Tanh => {
+            let (c1, yy) = (b.c(1.0).map_err(e)?, b.mul(y, y).map_err(e)?);
+            let d = b.op(Op::Sub, &[c1, yy]).map_err(e)?;
+            one(b.mul(g, d).map_err(e)?)
+        }
+        // d sigmoid = y (1 - y)
+        Op::Sigmoid => {
+            let c1 = b.c(1.0).map_err(e)?;
+            let om = b.op(Op::Sub, &[c1, y]).map_err(e)?;
+            let d = b.mul(y, om).map_err(e)?;
+            one(b.mul(g, d).map_err(e)?)
+        }
+        Op::Exp => one(b.mul(g, y).map_err(e)?),
+        Op::Log => one(b.div(g, x(0)).map_err(e)?),
+        // d sqrt = 1 / (2 y)
+        Op::Sqrt => {
+            let c2 = b.c(2.0).map_err(e)?;
+            let twice = b.mul(c2, y).map_err(e)?;
+            one(b.div(g, twice).map_err(e)?)
+        }
+        // d x^p = p x^(p-1)
+        Op::PowScalar { exponent } => {
+            let p = b.c(*exponent).map_err(e)?;
+            let xp = b.op(Op::PowScalar { exponent: exponent - 1.0 }, &[x(0)]).map_err(e)?;
+            let d = b.mul(p, xp).map_err(e)?;
+            one(b.mul(g, d).map_err(e)?)
+        }
+        Op::Add => Ok(vec![Some(b.sum_to(g, x(0)).map_err(e)?), Some(b.sum_to(g, x(1)).map_err(e)?)]),
+        Op::Sub => {
+            let ng = b.neg(g).map_err(e)?;
+            Ok(vec![Some(b.sum_to(g, x(0)).map_err(e)?), Some(b.sum_to(ng, x(1)).map_err(e)?)])
+        }
+        Op::Mul => {
+            let ga = b.mul(g, x(1)).map_err(e)?;
+            let gb = b.mul(g, x(0)).map_err(e)?;
+            Ok(vec![Some(b.sum_to(ga, x(0)).map_err(e)?), Some(b.sum_to(gb, x(1)).map_err(e)?)])
+        }
+        // d(a/b)/db = -(a/b)/b = -y/b
+        Op::Div => {
+            let ga = b.div(g, x(1)).map_err(e)?;
+            let gy = b.mul(g, y).map_err(e)?;
+            let gyb = b.div(gy, x(1)).map_err(e)?;
+            let gb = b.neg(gyb).map_err(e)?;
+            Ok(vec![Some(b.sum_to(ga, x(0)).map_err(e)?), Some(b.sum_to(gb, x(1)).map_err(e)?)])
+        }
+        Op::Sum { axes, keepdim } => {
+            let gk = keep_dims(&mut b, g, x(0), axes, *keepdim).map_err(e)?;
+            one(b.op(Op::BroadcastTo, &[gk, x(0)]).map_err(e)?)
+        }
+        Op::Mean { axes, keepdim } => one(b.op(Op::MeanGrad { axes: axes.clone(), keepdim: *keepdim }, &[x(0), g]).map_err(e)?),
+        Op::Max { axes, keepdim } => one(b.op(Op::MaxGrad { axes: axes.clone(), keepdim: *keepdim }, &[x(0), g]).map_err(e)?),
+        // C = A B:  dA = dC B^T,  dB = A^T dC
+        Op::MatMul => {
+            let bt = b.transpose_last(x(1)).map_err(e)?;
+            let ga = b.op(Op::MatMul, &[g, bt]).map_err(e)?;
+            let at = b.transpose_last(x(0)).map_err(e)?;
+            let gb = b.op(Op::MatMul, &[at, g]).map_err(e)?;
+            Ok(vec![Some(b.sum_to(ga, x(0)).map_err(e)?), Some(b.sum_to(gb, x(1)).map_err(e)?)])
+        }
+        Op::Softmax { axis } => one(b.op(Op::SoftmaxGrad { axis: *axis }, &[y, g]).map_err(e)?),
+        Op::LogSoftmax { axis } => one(b.op(Op::LogSoftmaxGrad { axis: *axis }, &[y, g]).map_err(e)?),
+        Op::CrossEntropy => Ok(vec![Some(b.op(Op::CrossEntropyGrad, &[x(0), x(1), g]).map_err(e)?), None]),
+        // mse = mean((a-b)^2): d/da = 2 (a - b) * g / n
+        Op::Mse => {
+            let r = b.g.node(x(0)).shape.len();
+            let gm = b.op(Op::MeanGrad { axes: (0..r).collect(), keepdim: false }, &[x(0), g]).map_err(e)?;
+            let diff = b.op(Op::Sub, &[x(0), x(1)]).map_err(e)?;
+            let c2 = b.c(2.0).map_err(e)?;
+            let d2 = b.mul(c2, diff).map_err(e)?;
+            let ga = b.mul(gm, d2).map_err(e)?;
+            let gb = b.neg(ga).map_err(e)?;
+            Ok(vec![Some(ga), Some(gb)])
+        }
+        Op::Conv2d { stride, padding } => {
+            let gx = b.op(Op::Conv2dGradInput { stride: *stride, padding: *padding }, &[g, x(1), x(0)]).map_err(e)?;
+            let gw = b.op(Op::Conv2dGradWeight { stride: *stride, padding: *padding }, &[x(0), g, x(1)]).map_err(e)?;
+            Ok(vec![Some(gx), Some(gw)])
+        }
+        Op::MaxPool2d { kernel, stride, padding } => {
+            one(b.op(Op::MaxPool2dGrad { kernel: *kernel, stride: *stride, padding: *padding }, &[x(0), g]).map_err(e)?)
+        }
+        Op::AvgPool2d { kernel, stride, padding } => {
+            one(b.op(Op::AvgPool2dGrad { kernel: *kernel, stride: *stride, padding: *padding }, &[x(0), g]).map_err(e)?)
+        }
+        Op::Embedding => Ok(vec![Some(b.op(Op::EmbeddingGrad, &[g, x(1), x(0)]).map_err(e)?), None]),
+        Op::Reshape { .. } => {
+            let shape = b.g.node(x(0)).shape.clone();
+            one(b.op(Op::Reshape { shape }, &[g]).map_err(e)?)
+        }
+        Op::Permute { perm } => {
+            let mut inv = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            one(b.op(Op::Permute { perm: inv }, &[g]).map_err(e)?)
+        }
+        Op::Concat { axis } => {
+            let mut out = Vec::new();
+            let mut start = 0usize;
+            for &a in &node.args {
+                let len = b.g.node(a).shape[*axis].as_known().ok_or_else(|| {
+                    format!("concat along a symbolic axis ({}) cannot be differentiated yet", b.g.node(a).shape[*axis])
+                })?;
+                out.push(Some(b.op(Op::Narrow { axis: *axis, start, len }, &[g]).map_err(e)?));
+                start += len;
+            }
+            Ok(out)
+        }
+        Op::Narrow { axis, start, .. } => one(b.op(Op::PadNarrow { axis: *axis, start: *start }, &[g, x(0)]).map_err(e)?),
+        Op::BroadcastTo => Ok(vec![Some(b.sum_to(g, x(0)).map_err(e)?), None]),
+        Op::SumTo
+        | Op::ReluGrad
+        | Op::GeluGrad
+        | Op::MeanGrad { .. }
+        | Op::MaxGrad { .. }
+        | Op::SoftmaxGrad { .. }
+        | Op::LogSoftmaxGrad { .. }
+        | Op::CrossEntropyGrad
+        | Op::Conv2dGradInput { .. }
+        | Op::Conv2dGradWeight { .. }
+        | Op::MaxPool2dGrad { .. }
+        | Op::AvgPool2dGrad { .. }
+        | Op::PadNarrow { .. }
+        | Op::EmbeddingGrad => Err(format!("`{}` is a backward op; second derivatives are not supported", node.op.name())),
+    }
+}
+
+/// Reinserts reduced axes as size 1 so the gradient broadcasts back over them.
+fn keep_dims(b: &mut B<'_>, g: NodeId, x: NodeId, axes: &[usize], keepdim: bool) -> Result<NodeId, ShapeError> {
+    if keepdim {
+        return Ok(g);
+    }
+    let shape = b.g.node(x).shape.iter().enumerate().map(|(i, d)| if axes.contains(&i) { Dim::known(1) } else { d.clone() }).collect();
+    b.op(Op::Reshape { shape }, &[g])
+}

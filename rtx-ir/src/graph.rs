@@ -1,0 +1,186 @@
+//! The graph IR: a list of nodes in topological order, each an op over earlier nodes.
+//!
+//! One `GraphFn` holds a graph function's forward nodes and, for functions with a scalar
+//! output, the backward nodes the compiler derived, appended after them. A `ModelIr` is what
+//! `Model::graph()` returns: every graph function of a model, serialized as versioned JSON.
+
+use crate::infer::{fmt_shape, infer, ShapeError, Unifier};
+use crate::op::{DType, Op, Shape};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write;
+
+pub type NodeId = usize;
+
+/// Bumped whenever the serialized form changes incompatibly.
+pub const IR_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    pub op: Op,
+    pub args: Vec<NodeId>,
+    pub shape: Shape,
+    pub dtype: DType,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Graph {
+    pub nodes: Vec<Node>,
+}
+
+impl Graph {
+    /// Appends `op(args)` after checking its shape rule.
+    pub fn push(&mut self, op: Op, args: &[NodeId], u: &mut Unifier) -> Result<NodeId, ShapeError> {
+        let arg_info: Vec<(&Shape, DType)> = args.iter().map(|&a| (&self.nodes[a].shape, self.nodes[a].dtype)).collect();
+        let (shape, dtype) = infer(&op, &arg_info, u)?;
+        self.nodes.push(Node { op, args: args.to_vec(), shape, dtype });
+        Ok(self.nodes.len() - 1)
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id]
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Finds an identical earlier node (same op, same args) so repeated sub-expressions and
+    /// repeated parameter reads share one value.
+    pub fn find(&self, op: &Op, args: &[NodeId]) -> Option<NodeId> {
+        self.nodes.iter().position(|n| &n.op == op && n.args == args)
+    }
+
+    /// Like `push`, but returns an existing identical node instead of adding a copy.
+    pub fn push_shared(&mut self, op: Op, args: &[NodeId], u: &mut Unifier) -> Result<NodeId, ShapeError> {
+        if let Some(id) = self.find(&op, args) {
+            return Ok(id);
+        }
+        self.push(op, args, u)
+    }
+}
+
+/// A gradient the backward pass produces: for a parameter (by dotted name) or an input.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GradOf {
+    pub leaf: NodeId,
+    /// None when the output does not depend on the leaf (its gradient is zero).
+    pub grad: Option<NodeId>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphFn {
+    pub name: String,
+    /// Symbolic dimensions bound from the inputs at run time, in declaration order.
+    pub symbols: Vec<String>,
+    pub graph: Graph,
+    pub output: NodeId,
+    /// Nodes `0..forward_len` are the forward pass; the rest is the derived backward pass.
+    pub forward_len: usize,
+    /// Gradients of the (scalar) output with respect to every float leaf, when derived.
+    pub grads: Vec<GradOf>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelIr {
+    pub version: u32,
+    pub model: String,
+    pub functions: Vec<GraphFn>,
+}
+
+impl ModelIr {
+    pub fn function(&self, name: &str) -> Option<&GraphFn> {
+        self.functions.iter().find(|f| f.name == name)
+    }
+
+    pub fn to_json(&self) -> String {
+        // Serializing plain data with derived impls cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub fn from_json(s: &str) -> Result<ModelIr, String> {
+        let ir: ModelIr = serde_json::from_str(s).map_err(|e| format!("invalid model IR: {e}"))?;
+        if ir.version != IR_VERSION {
+            return Err(format!("model IR version {} is not supported (this build reads version {IR_VERSION})", ir.version));
+        }
+        Ok(ir)
+    }
+
+    /// A readable listing: one line per node, `%3 = matmul(%1, %2) : [B, 128]`.
+    pub fn to_text(&self) -> String {
+        let mut s = format!("model {} (IR v{})\n", self.model, self.version);
+        for f in &self.functions {
+            let _ = writeln!(s, "fn {}<{}>:", f.name, f.symbols.join(", "));
+            for (i, n) in f.graph.nodes.iter().enumerate() {
+                if i == f.forward_len {
+                    let _ = writeln!(s, "  -- backward --");
+                }
+                let _ = writeln!(s, "  %{i} = {} : {}", describe(n), fmt_shape(&n.shape));
+            }
+            let _ = writeln!(s, "  return %{}", f.output);
+            for g in &f.grads {
+                let leaf = describe(f.graph.node(g.leaf));
+                match g.grad {
+                    Some(id) => {
+                        let _ = writeln!(s, "  grad {leaf} = %{id}");
+                    }
+                    None => {
+                        let _ = writeln!(s, "  grad {leaf} = 0");
+                    }
+                }
+            }
+        }
+        s
+    }
+
+    /// Graphviz DOT: one cluster per function, backward nodes shaded.
+    pub fn to_dot(&self) -> String {
+        let mut s = String::from("digraph model {\n  node [shape=box, fontname=monospace];\n");
+        for (fi, f) in self.functions.iter().enumerate() {
+            let _ = writeln!(s, "  subgraph cluster_{fi} {{\n    label=\"{}\";", f.name);
+            for (i, n) in f.graph.nodes.iter().enumerate() {
+                let style = if i >= f.forward_len { ", style=filled, fillcolor=lightgrey" } else { "" };
+                let label = format!("{}\\n{}", describe(n).replace('"', "'"), fmt_shape(&n.shape));
+                let _ = writeln!(s, "    f{fi}n{i} [label=\"%{i} {label}\"{style}];");
+                for a in &n.args {
+                    let _ = writeln!(s, "    f{fi}n{a} -> f{fi}n{i};");
+                }
+            }
+            s.push_str("  }\n");
+        }
+        s.push_str("}\n");
+        s
+    }
+}
+
+fn describe(n: &Node) -> String {
+    let args: Vec<String> = n.args.iter().map(|a| format!("%{a}")).collect();
+    let attrs = match &n.op {
+        Op::Input { name, index, .. } => return format!("input {index} `{name}`"),
+        Op::Param { name, .. } => return format!("param `{name}`"),
+        Op::Const { value } => return format!("const {value}"),
+        Op::PowScalar { exponent } => format!(" ^{exponent}"),
+        Op::Sum { axes, keepdim } | Op::Mean { axes, keepdim } | Op::Max { axes, keepdim } | Op::MaxGrad { axes, keepdim } | Op::MeanGrad { axes, keepdim } => {
+            format!(" axes={axes:?}{}", if *keepdim { " keepdim" } else { "" })
+        }
+        Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::SoftmaxGrad { axis } | Op::LogSoftmaxGrad { axis } | Op::Concat { axis } => {
+            format!(" axis={axis}")
+        }
+        Op::Conv2d { stride, padding } | Op::Conv2dGradInput { stride, padding } | Op::Conv2dGradWeight { stride, padding } => {
+            format!(" stride={stride:?} padding={padding:?}")
+        }
+        Op::MaxPool2d { kernel, stride, padding } | Op::AvgPool2d { kernel, stride, padding } | Op::MaxPool2dGrad { kernel, stride, padding } | Op::AvgPool2dGrad { kernel, stride, padding } => {
+            format!(" kernel={kernel:?} stride={stride:?} padding={padding:?}")
+        }
+        Op::Reshape { shape } => format!(" to {}", fmt_shape(shape)),
+        Op::Permute { perm } => format!(" {perm:?}"),
+        Op::Narrow { axis, start, len } => format!(" axis={axis} {start}..{}", start + len),
+        Op::PadNarrow { axis, start } => format!(" axis={axis} at {start}"),
+        Op::DropoutMask { p } => format!(" p={p}"),
+        _ => String::new(),
+    };
+    format!("{}({}){attrs}", n.op.name(), args.join(", "))
+}

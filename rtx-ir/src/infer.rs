@@ -1,0 +1,469 @@
+//! Shape rules: one per op, run by the macro at expansion and by the executor at run time.
+//!
+//! A rule sees argument shapes whose dimensions may be literal, symbolic or generic. Literal
+//! and symbolic dimensions must agree exactly (`B` never equals `T`). Where a generic parameter
+//! is involved the rule cannot decide alone, so it records an obligation in the `Unifier`; the
+//! macro turns each obligation into a trait check that rustc runs at `cargo check`.
+
+use crate::dim::Dim;
+use crate::op::{DType, Op, Shape};
+use std::fmt;
+
+/// Why a shape rule rejected its arguments. `arg` says which argument is at fault, so the
+/// macro can point at that sub-expression.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapeError {
+    pub arg: usize,
+    pub kind: ShapeErrorKind,
+    pub help: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ShapeErrorKind {
+    /// The argument should have had shape `expected`; `axis` is the first dimension that differs
+    /// (None when the ranks differ).
+    Mismatch { expected: Shape, found: Shape, axis: Option<usize> },
+    /// Two shapes that NumPy broadcasting cannot join; `axis` counts from the right of `b`.
+    Broadcast { a: Shape, b: Shape, dim_a: Dim, dim_b: Dim },
+    /// Anything else, worded in full.
+    Invalid(String),
+}
+
+impl ShapeError {
+    fn mismatch(arg: usize, expected: Shape, found: &Shape) -> ShapeError {
+        let axis = if expected.len() == found.len() {
+            expected.iter().zip(found.iter()).position(|(e, f)| e != f)
+        } else {
+            None
+        };
+        ShapeError { arg, kind: ShapeErrorKind::Mismatch { expected, found: found.clone(), axis }, help: None }
+    }
+
+    fn invalid(arg: usize, msg: impl Into<String>) -> ShapeError {
+        ShapeError { arg, kind: ShapeErrorKind::Invalid(msg.into()), help: None }
+    }
+
+    fn with_help(mut self, help: impl Into<String>) -> ShapeError {
+        self.help = Some(help.into());
+        self
+    }
+
+    /// The message without the op's call site: "expected [B, 127], found [B, 128]".
+    pub fn detail(&self) -> String {
+        match &self.kind {
+            ShapeErrorKind::Mismatch { expected, found, axis } => {
+                let mut s = format!("expected {}, found {}", fmt_shape(expected), fmt_shape(found));
+                match axis {
+                    Some(a) => s += &format!(" (dimension {a}: expected {}, found {})", expected[*a], found[*a]),
+                    None if expected.len() != found.len() => {
+                        s += &format!(" (rank {} vs {})", expected.len(), found.len())
+                    }
+                    None => {}
+                }
+                s
+            }
+            ShapeErrorKind::Broadcast { a, b, dim_a, dim_b } => format!(
+                "cannot broadcast {} with {}: dimension {} does not match {} and neither is 1",
+                fmt_shape(a),
+                fmt_shape(b),
+                dim_a,
+                dim_b
+            ),
+            ShapeErrorKind::Invalid(m) => m.clone(),
+        }
+    }
+}
+
+impl fmt::Display for ShapeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.detail())?;
+        if let Some(h) = &self.help {
+            write!(f, "; help: {h}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `[B, 64]`.
+pub fn fmt_shape(s: &[Dim]) -> String {
+    let parts: Vec<String> = s.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// Decides dimension equality and records what only rustc can decide.
+#[derive(Default, Debug, Clone)]
+pub struct Unifier {
+    /// Pairs assumed equal because a generic parameter is involved; each must be proven by
+    /// the generated code (a `SameDim` bound).
+    pub obligations: Vec<(Dim, Dim)>,
+}
+
+impl Unifier {
+    pub fn same(&mut self, a: &Dim, b: &Dim) -> bool {
+        if a == b {
+            return true;
+        }
+        if (a.has_param() || b.has_param()) && !a.has_sym() && !b.has_sym() {
+            self.obligations.push((a.clone(), b.clone()));
+            return true;
+        }
+        false
+    }
+
+    fn same_shape(&mut self, a: &Shape, b: &Shape) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| self.same(x, y))
+    }
+}
+
+/// NumPy broadcasting of two symbolic shapes.
+pub fn broadcast(a: &Shape, b: &Shape, u: &mut Unifier) -> Result<Shape, ShapeError> {
+    let rank = a.len().max(b.len());
+    let mut out = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let da = if i + a.len() >= rank { Some(&a[i + a.len() - rank]) } else { None };
+        let db = if i + b.len() >= rank { Some(&b[i + b.len() - rank]) } else { None };
+        out.push(match (da, db) {
+            (Some(x), None) => x.clone(),
+            (None, Some(y)) => y.clone(),
+            (Some(x), Some(y)) if x.is_one() => y.clone(),
+            (Some(x), Some(y)) if y.is_one() => x.clone(),
+            (Some(x), Some(y)) if u.same(x, y) => x.clone(),
+            (Some(x), Some(y)) => {
+                return Err(ShapeError {
+                    arg: 1,
+                    kind: ShapeErrorKind::Broadcast { a: a.clone(), b: b.clone(), dim_a: x.clone(), dim_b: y.clone() },
+                    help: Some("make the dimensions equal, or 1 where one operand should be repeated".into()),
+                });
+            }
+            (None, None) => Dim::known(1),
+        });
+    }
+    Ok(out)
+}
+
+fn check_axes(axes: &[usize], rank: usize, op: &str) -> Result<(), ShapeError> {
+    for &a in axes {
+        if a >= rank {
+            return Err(ShapeError::invalid(0, format!("{op} axis {a} is out of range for a tensor of rank {rank}"))
+                .with_help(format!("valid axes are 0..{rank} (or -{rank}..-1 counted from the end)")));
+        }
+    }
+    Ok(())
+}
+
+fn reduced(shape: &Shape, axes: &[usize], keepdim: bool) -> Shape {
+    let mut out = Vec::new();
+    for (i, d) in shape.iter().enumerate() {
+        if axes.contains(&i) {
+            if keepdim {
+                out.push(Dim::known(1));
+            }
+        } else {
+            out.push(d.clone());
+        }
+    }
+    out
+}
+
+fn need_rank(arg: usize, s: &Shape, rank: usize, what: &str) -> Result<(), ShapeError> {
+    if s.len() != rank {
+        return Err(ShapeError::invalid(arg, format!("{what} needs a rank-{rank} tensor, found {} (rank {})", fmt_shape(s), s.len())));
+    }
+    Ok(())
+}
+
+fn need_f32(arg: usize, dt: DType, op: &str) -> Result<(), ShapeError> {
+    if dt != DType::F32 {
+        return Err(ShapeError::invalid(arg, format!("{op} needs a float tensor, found an integer tensor")));
+    }
+    Ok(())
+}
+
+/// Output size of a sliding window: `(n + 2*pad - k) / stride + 1`.
+pub fn window_out(n: &Dim, k: &Dim, stride: usize, pad: usize) -> Dim {
+    n.add(&Dim::known(2 * pad)).sub(k).floor_div(stride as u64).add(&Dim::known(1))
+}
+
+fn window_dims(
+    op: &str,
+    x: &Shape,
+    kernel: [&Dim; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> Result<[Dim; 2], ShapeError> {
+    let mut out = [Dim::known(0), Dim::known(0)];
+    for i in 0..2 {
+        if stride[i] == 0 {
+            return Err(ShapeError::invalid(0, format!("{op} stride must be at least 1")));
+        }
+        let n = &x[2 + i];
+        let o = window_out(n, kernel[i], stride[i], padding[i]);
+        let room = n.add(&Dim::known(2 * padding[i])).sub(kernel[i]);
+        if let Some(r) = room.as_const() {
+            if r < 0 {
+                let axis = if i == 0 { "height" } else { "width" };
+                return Err(ShapeError::invalid(
+                    0,
+                    format!(
+                        "{op} output {axis} would be below 1: input {axis} {n} with padding {} is smaller than the kernel {}",
+                        padding[i], kernel[i]
+                    ),
+                )
+                .with_help("use a smaller kernel, more padding, or a larger input"));
+            }
+        }
+        out[i] = o;
+    }
+    Ok(out)
+}
+
+/// The shape rule of `op` applied to its arguments' shapes and dtypes.
+pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shape, DType), ShapeError> {
+    let d = op.def();
+    if d.arity != usize::MAX && args.len() != d.arity {
+        return Err(ShapeError::invalid(0, format!("{} takes {} argument(s), found {}", d.name, d.arity, args.len())));
+    }
+    let f32_out = |s: Shape| Ok((s, DType::F32));
+    let sh = |i: usize| args[i].0;
+    match op {
+        Op::Input { shape, dtype, .. } => Ok((shape.clone(), *dtype)),
+        Op::Param { shape, .. } => f32_out(shape.clone()),
+        Op::Const { .. } => f32_out(vec![]),
+        Op::Neg | Op::Relu | Op::Gelu | Op::Tanh | Op::Sigmoid | Op::Exp | Op::Log | Op::Sqrt | Op::PowScalar { .. } => {
+            need_f32(0, args[0].1, d.name)?;
+            f32_out(sh(0).clone())
+        }
+        Op::Add | Op::Sub | Op::Mul | Op::Div => {
+            need_f32(0, args[0].1, d.name)?;
+            need_f32(1, args[1].1, d.name)?;
+            f32_out(broadcast(sh(0), sh(1), u)?)
+        }
+        Op::Sum { axes, keepdim } | Op::Mean { axes, keepdim } | Op::Max { axes, keepdim } => {
+            check_axes(axes, sh(0).len(), d.name)?;
+            f32_out(reduced(sh(0), axes, *keepdim))
+        }
+        Op::MatMul => {
+            let (a, b) = (sh(0), sh(1));
+            if a.len() < 2 {
+                return Err(ShapeError::invalid(0, format!("matmul needs rank >= 2 operands, found {}", fmt_shape(a))));
+            }
+            if b.len() < 2 {
+                return Err(ShapeError::invalid(1, format!("matmul needs rank >= 2 operands, found {}", fmt_shape(b))));
+            }
+            let k = &a[a.len() - 1];
+            let k2 = &b[b.len() - 2];
+            if !u.same(k, k2) {
+                let mut expected = b.clone();
+                let n = expected.len();
+                expected[n - 2] = k.clone();
+                return Err(ShapeError::mismatch(1, expected, b).with_help(format!(
+                    "the inner dimensions of a matmul must agree: the left operand has {k} columns, the right one {k2} rows"
+                )));
+            }
+            let batch = broadcast(&a[..a.len() - 2].to_vec(), &b[..b.len() - 2].to_vec(), u)?;
+            let mut out = batch;
+            out.push(a[a.len() - 2].clone());
+            out.push(b[b.len() - 1].clone());
+            f32_out(out)
+        }
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+            check_axes(&[*axis], sh(0).len(), d.name)?;
+            f32_out(sh(0).clone())
+        }
+        Op::CrossEntropy => {
+            let (logits, labels) = (sh(0), sh(1));
+            need_rank(0, logits, 2, "cross_entropy logits [N, C]")?;
+            if args[1].1 != DType::I64 {
+                return Err(ShapeError::invalid(1, "cross_entropy labels must be integer class indices (i64), found a float tensor"));
+            }
+            let expected = vec![logits[0].clone()];
+            if !u.same_shape(&expected, labels) {
+                return Err(ShapeError::mismatch(1, expected, labels)
+                    .with_help("labels hold one class index per row of the logits"));
+            }
+            f32_out(vec![])
+        }
+        Op::Mse => {
+            if !u.same_shape(sh(0), sh(1)) {
+                return Err(ShapeError::mismatch(1, sh(0).clone(), sh(1)));
+            }
+            f32_out(vec![])
+        }
+        Op::Conv2d { stride, padding } => {
+            let (x, w) = (sh(0), sh(1));
+            need_rank(0, x, 4, "conv2d input [N, C, H, W]")?;
+            need_rank(1, w, 4, "conv2d weight [O, C, KH, KW]")?;
+            if !u.same(&x[1], &w[1]) {
+                let expected = vec![x[0].clone(), w[1].clone(), x[2].clone(), x[3].clone()];
+                return Err(ShapeError::mismatch(0, expected, x)
+                    .with_help(format!("the convolution expects {} input channels, the input has {}", w[1], x[1])));
+            }
+            let [oh, ow] = window_dims(d.name, x, [&w[2], &w[3]], *stride, *padding)?;
+            f32_out(vec![x[0].clone(), w[0].clone(), oh, ow])
+        }
+        Op::MaxPool2d { kernel, stride, padding } | Op::AvgPool2d { kernel, stride, padding } => {
+            let x = sh(0);
+            need_rank(0, x, 4, &format!("{} input [N, C, H, W]", d.name))?;
+            let k = [Dim::known(kernel[0]), Dim::known(kernel[1])];
+            let [oh, ow] = window_dims(d.name, x, [&k[0], &k[1]], *stride, *padding)?;
+            f32_out(vec![x[0].clone(), x[1].clone(), oh, ow])
+        }
+        Op::Embedding => {
+            need_rank(0, sh(0), 2, "embedding table [V, D]")?;
+            if args[1].1 != DType::I64 {
+                return Err(ShapeError::invalid(1, "embedding ids must be integer (i64), found a float tensor"));
+            }
+            let mut out = sh(1).clone();
+            out.push(sh(0)[1].clone());
+            f32_out(out)
+        }
+        Op::DropoutMask { p } => {
+            if !(0.0..1.0).contains(p) {
+                return Err(ShapeError::invalid(0, format!("dropout probability must be in [0, 1), found {p}")));
+            }
+            f32_out(sh(0).clone())
+        }
+        Op::Reshape { shape } => {
+            let from: Dim = sh(0).iter().fold(Dim::known(1), |acc, d| acc.mul(d));
+            let to: Dim = shape.iter().fold(Dim::known(1), |acc, d| acc.mul(d));
+            if !u.same(&from, &to) {
+                return Err(ShapeError::invalid(
+                    0,
+                    format!(
+                        "reshape from {} to {} changes the number of elements ({} vs {})",
+                        fmt_shape(sh(0)),
+                        fmt_shape(shape),
+                        from,
+                        to
+                    ),
+                )
+                .with_help("the product of the new dimensions must equal the product of the old ones"));
+            }
+            Ok((shape.clone(), args[0].1))
+        }
+        Op::Permute { perm } => {
+            let r = sh(0).len();
+            let mut seen = vec![false; r];
+            let valid = perm.len() == r && perm.iter().all(|&p| p < r && !std::mem::replace(&mut seen[p], true));
+            if !valid {
+                return Err(ShapeError::invalid(0, format!("permutation {perm:?} does not reorder the {r} axes of {}", fmt_shape(sh(0)))));
+            }
+            Ok((perm.iter().map(|&p| sh(0)[p].clone()).collect(), args[0].1))
+        }
+        Op::Concat { axis } => {
+            if args.is_empty() {
+                return Err(ShapeError::invalid(0, "concat needs at least one tensor"));
+            }
+            let first = sh(0);
+            check_axes(&[*axis], first.len(), "concat")?;
+            let mut total = first[*axis].clone();
+            for (i, (s, _)) in args.iter().enumerate().skip(1) {
+                let mut expected = first.clone();
+                if s.len() == first.len() {
+                    expected[*axis] = s[*axis].clone();
+                }
+                if !u.same_shape(&expected, s) {
+                    return Err(ShapeError::mismatch(i, expected, s).with_help(format!(
+                        "concatenated tensors must agree on every dimension except the concat axis {axis}"
+                    )));
+                }
+                total = total.add(&s[*axis]);
+            }
+            let mut out = first.clone();
+            out[*axis] = total;
+            Ok((out, args[0].1))
+        }
+        Op::Narrow { axis, start, len } => {
+            let x = sh(0);
+            check_axes(&[*axis], x.len(), "narrow")?;
+            if let Some(n) = x[*axis].as_known() {
+                if start + len > n {
+                    return Err(ShapeError::invalid(
+                        0,
+                        format!("narrow {start}..{} is out of range for dimension {axis} of size {n}", start + len),
+                    ));
+                }
+            }
+            let mut out = x.clone();
+            out[*axis] = Dim::known(*len);
+            Ok((out, args[0].1))
+        }
+        Op::BroadcastTo => {
+            let out = broadcast(sh(0), sh(1), u)?;
+            if !u.same_shape(&out, sh(1)) {
+                return Err(ShapeError::mismatch(0, sh(1).clone(), sh(0)));
+            }
+            f32_out(sh(1).clone())
+        }
+        Op::SumTo => f32_out(sh(1).clone()),
+        Op::ReluGrad | Op::GeluGrad | Op::MeanGrad { .. } | Op::MaxGrad { .. } | Op::MaxPool2dGrad { .. } => f32_out(sh(0).clone()),
+        Op::SoftmaxGrad { .. } | Op::LogSoftmaxGrad { .. } | Op::CrossEntropyGrad => f32_out(sh(0).clone()),
+        Op::Conv2dGradInput { .. } | Op::Conv2dGradWeight { .. } | Op::EmbeddingGrad => f32_out(sh(2).clone()),
+        Op::AvgPool2dGrad { .. } => f32_out(sh(0).clone()),
+        Op::PadNarrow { .. } => f32_out(sh(1).clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(dims: &[&str]) -> Shape {
+        dims.iter()
+            .map(|d| match d.parse::<usize>() {
+                Ok(n) => Dim::known(n),
+                Err(_) if d.chars().all(|c| c.is_ascii_uppercase()) && d.len() <= 1 => Dim::sym(d),
+                Err(_) => Dim::param(d),
+            })
+            .collect()
+    }
+
+    fn run(op: Op, args: &[Shape]) -> Result<Shape, ShapeError> {
+        let a: Vec<(&Shape, DType)> = args.iter().map(|s| (s, DType::F32)).collect();
+        infer(&op, &a, &mut Unifier::default()).map(|(s, _)| s)
+    }
+
+    #[test]
+    fn matmul_with_symbolic_batch() {
+        assert_eq!(run(Op::MatMul, &[s(&["B", "64"]), s(&["64", "10"])]).unwrap(), s(&["B", "10"]));
+    }
+
+    #[test]
+    fn matmul_inner_mismatch_names_both() {
+        let e = run(Op::MatMul, &[s(&["B", "64"]), s(&["63", "10"])]).unwrap_err();
+        assert_eq!(e.arg, 1);
+        assert!(e.detail().contains("expected [64, 10], found [63, 10]"), "{}", e.detail());
+    }
+
+    #[test]
+    fn different_symbols_do_not_broadcast() {
+        let e = run(Op::Add, &[s(&["B", "T", "8"]), s(&["B", "8"])]).unwrap_err();
+        assert!(matches!(e.kind, ShapeErrorKind::Broadcast { .. }));
+    }
+
+    #[test]
+    fn generic_dims_become_obligations() {
+        let mut u = Unifier::default();
+        let (a, b) = (s(&["B", "IN"]), s(&["HID", "10"]));
+        infer(&Op::MatMul, &[(&a, DType::F32), (&b, DType::F32)], &mut u).unwrap();
+        assert_eq!(u.obligations, vec![(Dim::param("IN"), Dim::param("HID"))]);
+    }
+
+    #[test]
+    fn conv_output_below_one_is_an_error() {
+        let e = run(Op::Conv2d { stride: [1, 1], padding: [0, 0] }, &[s(&["B", "1", "2", "2"]), s(&["4", "1", "3", "3"])]);
+        assert!(e.unwrap_err().detail().contains("below 1"));
+    }
+
+    #[test]
+    fn conv_output_size_follows_pytorch() {
+        let out = run(Op::Conv2d { stride: [2, 2], padding: [1, 1] }, &[s(&["B", "3", "9", "8"]), s(&["4", "3", "3", "3"])]);
+        assert_eq!(out.unwrap(), s(&["B", "4", "5", "4"]));
+    }
+
+    #[test]
+    fn reshape_must_keep_element_count() {
+        assert!(run(Op::Reshape { shape: s(&["B", "65"]) }, &[s(&["B", "64"])]).is_err());
+        assert!(run(Op::Reshape { shape: s(&["B", "8", "8"]) }, &[s(&["B", "64"])]).is_ok());
+    }
+}

@@ -1,0 +1,20 @@
+//! rtx-ir: the graph IR of RustyTorch++ and everything that reasons about it.
+//!
+//! In the map of DESIGN.md this crate sits between `rtx-shapes` and the macros: `rtx-macros`
+//! runs it at compile time (shape inference with symbolic dimensions, reverse-mode autodiff),
+//! and `rtx-core` runs the same op definitions at run time. An op is defined once, in
+//! `op.rs` (name, arity, kind, cost), `infer.rs` (shape rule), `autodiff.rs` (backward rule)
+//! and `reference.rs` (float64 reference semantics that every backend is tested against).
+
+pub mod autodiff;
+pub mod dim;
+pub mod graph;
+pub mod infer;
+pub mod op;
+pub mod reference;
+
+pub use autodiff::differentiate;
+pub use dim::{Atom, Dim};
+pub use graph::{GradOf, Graph, GraphFn, ModelIr, Node, NodeId, IR_VERSION};
+pub use infer::{broadcast, fmt_shape, infer, ShapeError, ShapeErrorKind, Unifier};
+pub use op::{DType, Op, OpDef, OpKind, Shape};

@@ -1,0 +1,207 @@
+//! The op table: every op the IR knows, defined once.
+//!
+//! Each op has one row here (its name, arity, kind and cost), one shape rule in `infer.rs`, one
+//! backward rule in `autodiff.rs` and one float64 reference in `reference.rs`. The macro, the
+//! IR executor and the CPU kernels all dispatch on this enum, so an op cannot mean two things.
+//!
+//! Ops whose result shape depends on another value's shape take that value as an extra
+//! argument (a "shape witness", e.g. `SumTo(g, like)`), so a backward graph over symbolic
+//! dimensions needs no shapes baked into its ops.
+
+use crate::dim::Dim;
+use serde::{Deserialize, Serialize};
+
+pub type Shape = Vec<Dim>;
+
+/// Element type of a value in the graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DType {
+    F32,
+    I64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Op {
+    // --- leaves --------------------------------------------------------------------------
+    /// The `index`-th argument of the graph function.
+    Input { index: usize, name: String, shape: Shape, dtype: DType },
+    /// A model parameter by its dotted name (`fc1.weight`).
+    Param { name: String, shape: Shape },
+    /// A scalar constant (shape `[]`), broadcast by the op that uses it.
+    Const { value: f64 },
+
+    // --- elementwise ---------------------------------------------------------------------
+    Neg,
+    Relu,
+    Gelu,
+    Tanh,
+    Sigmoid,
+    Exp,
+    Log,
+    Sqrt,
+    PowScalar { exponent: f64 },
+    Add,
+    Sub,
+    Mul,
+    Div,
+
+    // --- reductions ----------------------------------------------------------------------
+    Sum { axes: Vec<usize>, keepdim: bool },
+    Mean { axes: Vec<usize>, keepdim: bool },
+    Max { axes: Vec<usize>, keepdim: bool },
+
+    // --- linear algebra, nn ----------------------------------------------------------------
+    /// `[.., M, K] @ [.., K, N]`, batch dimensions broadcast.
+    MatMul,
+    Softmax { axis: usize },
+    LogSoftmax { axis: usize },
+    /// `(logits [N, C], labels [N] i64) -> []`, mean over N.
+    CrossEntropy,
+    /// `(a, b) -> []`, mean of squared differences.
+    Mse,
+    /// `(x [N, C, H, W], w [O, C, KH, KW]) -> [N, O, OH, OW]`.
+    Conv2d { stride: [usize; 2], padding: [usize; 2] },
+    MaxPool2d { kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2] },
+    AvgPool2d { kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2] },
+    /// `(table [V, D], ids [..] i64) -> [.., D]`.
+    Embedding,
+    /// `(x) -> mask` of x's shape: 0 with probability p, else 1/(1-p); ones in eval mode.
+    DropoutMask { p: f64 },
+
+    // --- layout ----------------------------------------------------------------------------
+    Reshape { shape: Shape },
+    Permute { perm: Vec<usize> },
+    Concat { axis: usize },
+    Narrow { axis: usize, start: usize, len: usize },
+    /// `(x, like) -> x` broadcast to `like`'s shape.
+    BroadcastTo,
+
+    // --- backward-only ops -----------------------------------------------------------------
+    /// `(g, like) -> g` summed down to `like`'s shape (inverse of broadcasting).
+    SumTo,
+    /// `(x, g) -> g * (x > 0)`.
+    ReluGrad,
+    /// `(x, g) -> g * gelu'(x)`.
+    GeluGrad,
+    /// `(x_like, g) -> x-shaped`: g broadcast back over `axes` and divided by their count.
+    MeanGrad { axes: Vec<usize>, keepdim: bool },
+    /// `(x, g) -> x-shaped`, g routed to the first maximum of each group.
+    MaxGrad { axes: Vec<usize>, keepdim: bool },
+    /// `(y, g)` with y the softmax output.
+    SoftmaxGrad { axis: usize },
+    /// `(y, g)` with y the log_softmax output.
+    LogSoftmaxGrad { axis: usize },
+    /// `(logits, labels, g []) -> logits-shaped`.
+    CrossEntropyGrad,
+    /// `(g, w, x_like) -> x-shaped`.
+    Conv2dGradInput { stride: [usize; 2], padding: [usize; 2] },
+    /// `(x, g, w_like) -> w-shaped`.
+    Conv2dGradWeight { stride: [usize; 2], padding: [usize; 2] },
+    /// `(x, g) -> x-shaped`.
+    MaxPool2dGrad { kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2] },
+    /// `(x_like, g) -> x-shaped`.
+    AvgPool2dGrad { kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2] },
+    /// `(g, full_like) -> full-shaped`, g placed at `start..` on `axis`, zeros elsewhere.
+    PadNarrow { axis: usize, start: usize },
+    /// `(g, ids, table_like) -> table-shaped`, rows of g added at ids.
+    EmbeddingGrad,
+}
+
+/// How an op touches memory; the fusion planner and the cost model read this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    Leaf,
+    Elementwise,
+    Reduction,
+    Contraction,
+    Layout,
+    Other,
+}
+
+/// The static row of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct OpDef {
+    pub name: &'static str,
+    /// Number of arguments.
+    pub arity: usize,
+    pub kind: OpKind,
+    /// Floating-point operations per output element (contractions: per multiply-add of the
+    /// contracted dimension, see `Op::cost`).
+    pub flops_per_element: f64,
+}
+
+const fn def(name: &'static str, arity: usize, kind: OpKind, flops_per_element: f64) -> OpDef {
+    OpDef { name, arity, kind, flops_per_element }
+}
+
+use OpKind::*;
+
+impl Op {
+    /// The op table.
+    pub fn def(&self) -> OpDef {
+        match self {
+            Op::Input { .. } => def("input", 0, Leaf, 0.0),
+            Op::Param { .. } => def("param", 0, Leaf, 0.0),
+            Op::Const { .. } => def("const", 0, Leaf, 0.0),
+            Op::Neg => def("neg", 1, Elementwise, 1.0),
+            Op::Relu => def("relu", 1, Elementwise, 1.0),
+            Op::Gelu => def("gelu", 1, Elementwise, 20.0),
+            Op::Tanh => def("tanh", 1, Elementwise, 20.0),
+            Op::Sigmoid => def("sigmoid", 1, Elementwise, 20.0),
+            Op::Exp => def("exp", 1, Elementwise, 20.0),
+            Op::Log => def("log", 1, Elementwise, 20.0),
+            Op::Sqrt => def("sqrt", 1, Elementwise, 4.0),
+            Op::PowScalar { .. } => def("pow", 1, Elementwise, 20.0),
+            Op::Add => def("add", 2, Elementwise, 1.0),
+            Op::Sub => def("sub", 2, Elementwise, 1.0),
+            Op::Mul => def("mul", 2, Elementwise, 1.0),
+            Op::Div => def("div", 2, Elementwise, 1.0),
+            Op::Sum { .. } => def("sum", 1, Reduction, 1.0),
+            Op::Mean { .. } => def("mean", 1, Reduction, 1.0),
+            Op::Max { .. } => def("max", 1, Reduction, 1.0),
+            Op::MatMul => def("matmul", 2, Contraction, 2.0),
+            Op::Softmax { .. } => def("softmax", 1, Reduction, 25.0),
+            Op::LogSoftmax { .. } => def("log_softmax", 1, Reduction, 25.0),
+            Op::CrossEntropy => def("cross_entropy", 2, Reduction, 25.0),
+            Op::Mse => def("mse", 2, Reduction, 3.0),
+            Op::Conv2d { .. } => def("conv2d", 2, Contraction, 2.0),
+            Op::MaxPool2d { .. } => def("max_pool2d", 1, Other, 1.0),
+            Op::AvgPool2d { .. } => def("avg_pool2d", 1, Other, 1.0),
+            Op::Embedding => def("embedding", 2, Other, 0.0),
+            Op::DropoutMask { .. } => def("dropout_mask", 1, Elementwise, 5.0),
+            Op::Reshape { .. } => def("reshape", 1, Layout, 0.0),
+            Op::Permute { .. } => def("permute", 1, Layout, 0.0),
+            Op::Concat { .. } => def("concat", usize::MAX, Layout, 0.0),
+            Op::Narrow { .. } => def("narrow", 1, Layout, 0.0),
+            Op::BroadcastTo => def("broadcast_to", 2, Layout, 0.0),
+            Op::SumTo => def("sum_to", 2, Reduction, 1.0),
+            Op::ReluGrad => def("relu_grad", 2, Elementwise, 1.0),
+            Op::GeluGrad => def("gelu_grad", 2, Elementwise, 30.0),
+            Op::MeanGrad { .. } => def("mean_grad", 2, Elementwise, 1.0),
+            Op::MaxGrad { .. } => def("max_grad", 2, Reduction, 2.0),
+            Op::SoftmaxGrad { .. } => def("softmax_grad", 2, Reduction, 4.0),
+            Op::LogSoftmaxGrad { .. } => def("log_softmax_grad", 2, Reduction, 25.0),
+            Op::CrossEntropyGrad => def("cross_entropy_grad", 3, Reduction, 25.0),
+            Op::Conv2dGradInput { .. } => def("conv2d_grad_input", 3, Contraction, 2.0),
+            Op::Conv2dGradWeight { .. } => def("conv2d_grad_weight", 3, Contraction, 2.0),
+            Op::MaxPool2dGrad { .. } => def("max_pool2d_grad", 2, Other, 1.0),
+            Op::AvgPool2dGrad { .. } => def("avg_pool2d_grad", 2, Other, 1.0),
+            Op::PadNarrow { .. } => def("pad_narrow", 2, Layout, 0.0),
+            Op::EmbeddingGrad => def("embedding_grad", 3, Other, 1.0),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.def().name
+    }
+
+    /// Rough floating-point operation count, given the output element count and, for
+    /// contractions, the contracted length (K of a matmul, C*KH*KW of a conv).
+    pub fn cost(&self, out_elements: f64, contracted: f64) -> f64 {
+        let d = self.def();
+        match d.kind {
+            Contraction => d.flops_per_element * out_elements * contracted,
+            _ => d.flops_per_element * out_elements,
+        }
+    }
+}
