@@ -24,6 +24,7 @@ pub enum Atom {
 /// A dimension: `sum(coeff * product(atoms))` in normal form (no zero coefficients, atoms
 /// sorted within a monomial).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[serde(into = "DimTerms", from = "DimTerms")]
 pub struct Dim {
     terms: BTreeMap<Vec<Atom>, i64>,
 }
@@ -177,6 +178,29 @@ impl Dim {
     /// Monomials with their coefficients, for code generation.
     pub fn terms(&self) -> impl Iterator<Item = (&[Atom], i64)> {
         self.terms.iter().map(|(m, c)| (m.as_slice(), *c))
+    }
+}
+
+/// JSON has only string map keys, so a dim serializes as its list of `(atoms, coeff)` terms.
+#[derive(Serialize, Deserialize)]
+struct DimTerms(Vec<(Vec<Atom>, i64)>);
+
+impl From<Dim> for DimTerms {
+    fn from(d: Dim) -> DimTerms {
+        DimTerms(d.terms.into_iter().collect())
+    }
+}
+
+impl From<DimTerms> for Dim {
+    fn from(t: DimTerms) -> Dim {
+        // Re-normalize: a hand-edited file may repeat or zero a term.
+        let mut d = Dim::default();
+        for (mut atoms, c) in t.0 {
+            atoms.sort();
+            *d.terms.entry(atoms).or_insert(0) += c;
+        }
+        d.terms.retain(|_, c| *c != 0);
+        d
     }
 }
 

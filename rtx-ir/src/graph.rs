@@ -96,9 +96,8 @@ impl ModelIr {
         self.functions.iter().find(|f| f.name == name)
     }
 
-    pub fn to_json(&self) -> String {
-        // Serializing plain data with derived impls cannot fail.
-        serde_json::to_string(self).unwrap_or_default()
+    pub fn to_json(&self) -> Result<String, String> {
+        serde_json::to_string(self).map_err(|e| format!("cannot serialize model IR: {e}"))
     }
 
     pub fn from_json(s: &str) -> Result<ModelIr, String> {

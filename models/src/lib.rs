@@ -1,0 +1,10 @@
+//! models: models written in the rtx DSL, and the training loop the CLI runs.
+//!
+//! In the map of DESIGN.md this crate is a user of `rtx-core`: it shows what a model file
+//! looks like (`mlp.rs`, `cnn.rs`) and trains them on the 8x8 digits data set that ships in
+//! `data/` (`data.rs`).
+
+pub mod cnn;
+pub mod data;
+pub mod mlp;
+pub mod train;

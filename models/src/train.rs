@@ -1,0 +1,148 @@
+//! The training loop behind `models train`: seeded split, shuffled mini-batches, the compiled
+//! loss-and-gradient function of the model, an optimizer step, and accuracy per epoch.
+
+use crate::cnn::Cnn;
+use crate::data::{load_digits, Digits, PIXELS};
+use crate::mlp::Mlp;
+use indicatif::{ProgressBar, ProgressStyle};
+use rtx_core::prelude::*;
+use std::time::Instant;
+
+/// The held-out split is fixed, whatever the training seed, so runs are comparable.
+pub const SPLIT_SEED: u64 = 20_240_601;
+pub const TEST_FRACTION: f64 = 0.2;
+
+/// What the training loop needs from a digit classifier; implemented by each model here.
+pub trait Classifier: Module + Sized {
+    const NAME: &'static str;
+    /// Shape of a batch of `b` images as this model takes them.
+    fn input_shape(b: usize) -> Vec<usize>;
+    fn logits(&self, x: &Tensor) -> Result<Tensor>;
+    fn loss_and_grads(&self, ctx: &mut Ctx, x: &Tensor, y: &Tensor) -> Result<(Tensor, Grads)>;
+    /// Epochs, batch size and learning rate that reach the accuracy bar in the time budget.
+    fn defaults() -> (usize, usize, f32);
+}
+
+impl Classifier for Mlp {
+    const NAME: &'static str = "mlp";
+    fn input_shape(b: usize) -> Vec<usize> {
+        vec![b, PIXELS]
+    }
+    fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward(x)
+    }
+    fn loss_and_grads(&self, ctx: &mut Ctx, x: &Tensor, y: &Tensor) -> Result<(Tensor, Grads)> {
+        Mlp::loss_and_grads(self, ctx, x, y)
+    }
+    fn defaults() -> (usize, usize, f32) {
+        (40, 32, 2e-3)
+    }
+}
+
+impl Classifier for Cnn {
+    const NAME: &'static str = "cnn";
+    fn input_shape(b: usize) -> Vec<usize> {
+        vec![b, 1, 8, 8]
+    }
+    fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward(x)
+    }
+    fn loss_and_grads(&self, ctx: &mut Ctx, x: &Tensor, y: &Tensor) -> Result<(Tensor, Grads)> {
+        Cnn::loss_and_grads(self, ctx, x, y)
+    }
+    fn defaults() -> (usize, usize, f32) {
+        (40, 32, 3e-3)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    pub epochs: Option<usize>,
+    pub seed: u64,
+    /// Show a progress bar (the CLI does; tests do not).
+    pub progress: bool,
+    /// Print one line per epoch.
+    pub verbose: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct TrainReport {
+    pub model: &'static str,
+    pub epochs: usize,
+    /// Mean training loss of each epoch.
+    pub epoch_losses: Vec<f32>,
+    pub test_accuracy: f64,
+    pub seconds: f64,
+}
+
+fn to_error(e: crate::data::DataError) -> RtxError {
+    RtxError::Invalid(format!("digits data: {e}"))
+}
+
+/// Fraction of rows whose arg-max logit is the label.
+pub fn accuracy<M: Classifier>(model: &M, data: &Digits) -> Result<f64> {
+    if data.len == 0 {
+        return Ok(0.0);
+    }
+    let idx: Vec<usize> = (0..data.len).collect();
+    let (x, y) = data.batch(&idx);
+    let logits = model.logits(&Tensor::from_vec(x, &M::input_shape(data.len))?)?.to_vec_f32()?;
+    let correct = logits
+        .chunks(10)
+        .zip(&y)
+        .filter(|(row, label)| {
+            let best = row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b });
+            best.0 as i64 == **label
+        })
+        .count();
+    Ok(correct as f64 / data.len as f64)
+}
+
+/// Trains a fresh `M` (seeded) with Adam and returns it with the report.
+pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
+    let data = load_digits().map_err(to_error)?;
+    let (train_set, test_set) = data.split(TEST_FRACTION, SPLIT_SEED);
+    let (default_epochs, batch, lr) = M::defaults();
+    let epochs = cfg.epochs.unwrap_or(default_epochs);
+    let mut model = M::init(cfg.seed);
+    let mut opt = Adam::new(lr);
+    let mut rng = Rng::new(cfg.seed ^ 0x5EED);
+    let mut ctx = Ctx::train(cfg.seed);
+    let start = Instant::now();
+    let batches = train_set.len.div_ceil(batch);
+    let bar = if cfg.progress {
+        let b = ProgressBar::new((epochs * batches) as u64);
+        if let Ok(style) = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} batches {msg}") {
+            b.set_style(style);
+        }
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut epoch_losses = Vec::with_capacity(epochs);
+    for epoch in 1..=epochs {
+        let mut order: Vec<usize> = (0..train_set.len).collect();
+        rng.shuffle(&mut order);
+        let mut total = 0.0f64;
+        for chunk in order.chunks(batch) {
+            let (x, y) = train_set.batch(chunk);
+            let x = Tensor::from_vec(x, &M::input_shape(chunk.len()))?;
+            let y = Tensor::from_i64(y, &[chunk.len()])?;
+            let (loss, grads) = model.loss_and_grads(&mut ctx, &x, &y)?;
+            opt.step(&mut model, &grads)?;
+            total += loss.item()? as f64 * chunk.len() as f64;
+            bar.inc(1);
+        }
+        let mean = (total / train_set.len as f64) as f32;
+        epoch_losses.push(mean);
+        let acc = accuracy(&model, &test_set)?;
+        bar.set_message(format!("epoch {epoch} loss {mean:.4} test_acc {acc:.4}"));
+        if cfg.verbose {
+            bar.suspend(|| println!("epoch {epoch:>3}/{epochs}  loss {mean:.4}  test_accuracy {acc:.4}  {:.1}s", start.elapsed().as_secs_f64()));
+        }
+    }
+    bar.finish_and_clear();
+    let test_accuracy = accuracy(&model, &test_set)?;
+    let report = TrainReport { model: M::NAME, epochs, epoch_losses, test_accuracy, seconds: start.elapsed().as_secs_f64() };
+    Ok((model, report))
+}

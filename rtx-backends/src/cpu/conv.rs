@@ -1,0 +1,190 @@
+//! 2-D convolution as im2col + the blocked matmul, with both gradients.
+//!
+//! The column matrix is `[C*KH*KW, N*OH*OW]`: one row per (channel, kernel tap), one column per
+//! output pixel of every image. Folding the batch into the columns turns the forward pass and
+//! both gradients into a single large matmul each, which keeps all cores busy on small images.
+
+use rayon::prelude::*;
+
+use crate::layout::Layout;
+
+use super::matmul::matmul;
+use super::strided::{PARALLEL_THRESHOLD, to_contiguous};
+use super::window::Window2d;
+
+/// x [N, C, H, W], w [O, C, KH, KW] -> [N, O, OH, OW], OH = (H + 2*pad - KH)/stride + 1 (PyTorch, no bias, no dilation/groups). Returns (out, out_shape).
+pub fn conv2d(
+    x: &[f32],
+    lx: &Layout,
+    w: &[f32],
+    lw: &Layout,
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> (Vec<f32>, Vec<usize>) {
+    let out_channels = lw.shape[0];
+    let window = Window2d::new(&lx.shape, [lw.shape[2], lw.shape[3]], stride, padding);
+    let out_shape = window.out_shape(out_channels);
+    let (rows, pixels) = (
+        window.channels * window.taps(),
+        window.batch * window.out_plane(),
+    );
+    let cols = im2col(x, lx, &window);
+    let w_flat = to_contiguous(w, lw);
+    let (out_by_channel, _) = matmul(
+        &w_flat,
+        &Layout::contiguous(&[out_channels, rows]),
+        &cols,
+        &Layout::contiguous(&[rows, pixels]),
+    );
+    // The product is [O, N, OH*OW]; the result wants the batch axis first.
+    let plane = window.out_plane();
+    let as_batch_first = Layout {
+        shape: vec![window.batch, out_channels, plane],
+        strides: vec![plane, window.batch * plane, 1],
+        offset: 0,
+    };
+    (to_contiguous(&out_by_channel, &as_batch_first), out_shape)
+}
+
+/// gradient w.r.t. x given upstream g [N,O,OH,OW]; x_shape given
+pub fn conv2d_grad_input(
+    g: &[f32],
+    lg: &Layout,
+    w: &[f32],
+    lw: &Layout,
+    x_shape: &[usize],
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> Vec<f32> {
+    let out_channels = lw.shape[0];
+    let window = Window2d::new(x_shape, [lw.shape[2], lw.shape[3]], stride, padding);
+    let (rows, pixels) = (
+        window.channels * window.taps(),
+        window.batch * window.out_plane(),
+    );
+    let w_flat = to_contiguous(w, lw);
+    let w_transposed = Layout::contiguous(&[out_channels, rows]).permute(&[1, 0]);
+    let g_by_channel = to_contiguous(g, &lg.permute(&[1, 0, 2, 3]));
+    let (cols_grad, _) = matmul(
+        &w_flat,
+        &w_transposed,
+        &g_by_channel,
+        &Layout::contiguous(&[out_channels, pixels]),
+    );
+    col2im(&cols_grad, &window)
+}
+
+/// gradient w.r.t. w
+pub fn conv2d_grad_weight(
+    x: &[f32],
+    lx: &Layout,
+    g: &[f32],
+    lg: &Layout,
+    w_shape: &[usize],
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> Vec<f32> {
+    let out_channels = w_shape[0];
+    let window = Window2d::new(&lx.shape, [w_shape[2], w_shape[3]], stride, padding);
+    let (rows, pixels) = (
+        window.channels * window.taps(),
+        window.batch * window.out_plane(),
+    );
+    let cols = im2col(x, lx, &window);
+    let g_by_channel = to_contiguous(g, &lg.permute(&[1, 0, 2, 3]));
+    let g_transposed = Layout::contiguous(&[out_channels, pixels]).permute(&[1, 0]);
+    // Computed as cols @ g^T = dW^T: the long pixel axis is K either way, and this puts the
+    // larger C*KH*KW side on M, where the matmul splits work across threads.
+    let (dw_transposed, _) = matmul(
+        &cols,
+        &Layout::contiguous(&[rows, pixels]),
+        &g_by_channel,
+        &g_transposed,
+    );
+    to_contiguous(
+        &dw_transposed,
+        &Layout::contiguous(&[rows, out_channels]).permute(&[1, 0]),
+    )
+}
+
+/// Unfolds x into the `[C*KH*KW, N*OH*OW]` column matrix (zeros where a tap hits padding).
+fn im2col(x: &[f32], lx: &Layout, window: &Window2d) -> Vec<f32> {
+    let [_, kernel_w] = window.kernel;
+    let [_, out_w] = window.out_size;
+    let pixels = window.batch * window.out_plane();
+    let rows = window.channels * window.taps();
+    let mut cols = vec![0.0; rows * pixels];
+    if cols.is_empty() {
+        return cols;
+    }
+    let [stride_n, stride_c, stride_h, stride_w] =
+        [lx.strides[0], lx.strides[1], lx.strides[2], lx.strides[3]];
+    let fill_row = |row: usize, dst: &mut [f32]| {
+        let (channel, tap) = (row / window.taps(), row % window.taps());
+        let (tap_h, tap_w) = (tap / kernel_w, tap % kernel_w);
+        for (image, dst_image) in dst.chunks_mut(window.out_plane()).enumerate() {
+            let base = lx.offset + image * stride_n + channel * stride_c;
+            for (oh, dst_row) in dst_image.chunks_mut(out_w).enumerate() {
+                let Some(ih) = window.input_coord(0, oh, tap_h) else {
+                    continue;
+                };
+                for (ow, d) in dst_row.iter_mut().enumerate() {
+                    if let Some(iw) = window.input_coord(1, ow, tap_w) {
+                        *d = x[base + ih * stride_h + iw * stride_w];
+                    }
+                }
+            }
+        }
+    };
+    if cols.len() > PARALLEL_THRESHOLD {
+        cols.par_chunks_mut(pixels)
+            .enumerate()
+            .for_each(|(row, dst)| fill_row(row, dst));
+    } else {
+        cols.chunks_mut(pixels)
+            .enumerate()
+            .for_each(|(row, dst)| fill_row(row, dst));
+    }
+    cols
+}
+
+/// Folds a column-matrix gradient back onto `[N, C, H, W]`, summing overlapping taps. Each
+/// (image, channel) plane is owned by one task and summed in (tap, pixel) order.
+fn col2im(cols: &[f32], window: &Window2d) -> Vec<f32> {
+    let [_, kernel_w] = window.kernel;
+    let [_, in_w] = window.in_size;
+    let [_, out_w] = window.out_size;
+    let pixels = window.batch * window.out_plane();
+    let mut dx = vec![0.0; window.batch * window.channels * window.in_plane()];
+    if dx.is_empty() || pixels == 0 {
+        return dx;
+    }
+    let fill_plane = |plane_index: usize, plane: &mut [f32]| {
+        let (image, channel) = (plane_index / window.channels, plane_index % window.channels);
+        for tap in 0..window.taps() {
+            let (tap_h, tap_w) = (tap / kernel_w, tap % kernel_w);
+            let row = channel * window.taps() + tap;
+            let src = &cols[row * pixels + image * window.out_plane()..][..window.out_plane()];
+            for (oh, src_row) in src.chunks(out_w).enumerate() {
+                let Some(ih) = window.input_coord(0, oh, tap_h) else {
+                    continue;
+                };
+                for (ow, &v) in src_row.iter().enumerate() {
+                    if let Some(iw) = window.input_coord(1, ow, tap_w) {
+                        plane[ih * in_w + iw] += v;
+                    }
+                }
+            }
+        }
+    };
+    if dx.len() > PARALLEL_THRESHOLD {
+        dx.par_chunks_mut(window.in_plane())
+            .enumerate()
+            .for_each(|(i, plane)| fill_plane(i, plane));
+    } else {
+        dx.chunks_mut(window.in_plane())
+            .enumerate()
+            .for_each(|(i, plane)| fill_plane(i, plane));
+    }
+    dx
+}

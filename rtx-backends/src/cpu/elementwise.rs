@@ -1,0 +1,174 @@
+//! Elementwise kernels: unary maps and NumPy-broadcast binary maps.
+
+use std::f32::consts::FRAC_1_SQRT_2;
+
+/// 1 / sqrt(2 pi), the normal density's constant.
+const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
+
+use crate::layout::Layout;
+
+use super::strided::{Walk, for_each_chunk, map_strided, numel};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryOp {
+    Neg,
+    Relu,
+    /// Exact erf form, PyTorch's default: `0.5 * x * (1 + erf(x / sqrt(2)))`.
+    Gelu,
+    Tanh,
+    Sigmoid,
+    Exp,
+    Log,
+    Sqrt,
+    PowScalar(f32),
+    AddScalar(f32),
+    MulScalar(f32),
+}
+
+pub fn unary(op: UnaryOp, x: &[f32], l: &Layout) -> Vec<f32> {
+    match op {
+        UnaryOp::Neg => map_strided(x, l, |v| -v),
+        UnaryOp::Relu => map_strided(x, l, |v| if v > 0.0 { v } else { 0.0 }),
+        UnaryOp::Gelu => map_strided(x, l, gelu),
+        UnaryOp::Tanh => map_strided(x, l, f32::tanh),
+        UnaryOp::Sigmoid => map_strided(x, l, sigmoid),
+        UnaryOp::Exp => map_strided(x, l, f32::exp),
+        UnaryOp::Log => map_strided(x, l, f32::ln),
+        UnaryOp::Sqrt => map_strided(x, l, f32::sqrt),
+        UnaryOp::PowScalar(p) => map_strided(x, l, |v| v.powf(p)),
+        UnaryOp::AddScalar(c) => map_strided(x, l, |v| v + c),
+        UnaryOp::MulScalar(c) => map_strided(x, l, |v| v * c),
+    }
+}
+
+fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::erff(x * FRAC_1_SQRT_2))
+}
+
+fn gelu_derivative(x: f32) -> f32 {
+    let cdf = 0.5 * (1.0 + libm::erff(x * FRAC_1_SQRT_2));
+    let pdf = (-0.5 * x * x).exp() * FRAC_1_SQRT_2PI;
+    cdf + x * pdf
+}
+
+/// Split by sign so `exp` never overflows to infinity for large |x|.
+fn sigmoid(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    /// `a` = x, `b` = upstream gradient: `b * (a > 0)`.
+    ReluGrad,
+    /// `a` = x, `b` = upstream gradient: `b * d gelu(a) / da`.
+    GeluGrad,
+    /// NaN-propagating, like PyTorch's `maximum`.
+    Maximum,
+    /// 1.0 where `a == b`, else 0.0.
+    Eq,
+}
+
+/// NumPy broadcasting of the two shapes; returns (out, out_shape). Caller guarantees compatibility.
+pub fn binary(
+    op: BinaryOp,
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+) -> (Vec<f32>, Vec<usize>) {
+    let shape =
+        broadcast_shape(&la.shape, &lb.shape).expect("caller guarantees broadcastable shapes");
+    let la = la.broadcast_to(&shape);
+    let lb = lb.broadcast_to(&shape);
+    let out = match op {
+        BinaryOp::Add => zip_strided(a, &la, b, &lb, |x, y| x + y),
+        BinaryOp::Sub => zip_strided(a, &la, b, &lb, |x, y| x - y),
+        BinaryOp::Mul => zip_strided(a, &la, b, &lb, |x, y| x * y),
+        BinaryOp::Div => zip_strided(a, &la, b, &lb, |x, y| x / y),
+        BinaryOp::ReluGrad => zip_strided(a, &la, b, &lb, |x, g| if x > 0.0 { g } else { 0.0 }),
+        BinaryOp::GeluGrad => zip_strided(a, &la, b, &lb, |x, g| g * gelu_derivative(x)),
+        BinaryOp::Maximum => zip_strided(
+            a,
+            &la,
+            b,
+            &lb,
+            |x, y| if x >= y || x.is_nan() { x } else { y },
+        ),
+        BinaryOp::Eq => zip_strided(a, &la, b, &lb, |x, y| if x == y { 1.0 } else { 0.0 }),
+    };
+    (out, shape)
+}
+
+/// `f(a, b)` over two layouts of the same shape. The stride-1 and stride-0 (broadcast scalar)
+/// cases get their own loops because they are the common ones and vectorize.
+fn zip_strided<F: Fn(f32, f32) -> f32 + Sync>(
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+    f: F,
+) -> Vec<f32> {
+    let walk = Walk::new(&la.shape, [la, lb]);
+    let mut out = vec![0.0; numel(&la.shape)];
+    for_each_chunk(&mut out, |start, piece| {
+        walk.runs(start, piece.len(), |at, len, [pa, pb], strides| {
+            let dst = &mut piece[at..at + len];
+            match strides {
+                [1, 1] => {
+                    for ((d, &x), &y) in dst.iter_mut().zip(&a[pa..pa + len]).zip(&b[pb..pb + len])
+                    {
+                        *d = f(x, y);
+                    }
+                }
+                [1, 0] => {
+                    let y = b[pb];
+                    for (d, &x) in dst.iter_mut().zip(&a[pa..pa + len]) {
+                        *d = f(x, y);
+                    }
+                }
+                [0, 1] => {
+                    let x = a[pa];
+                    for (d, &y) in dst.iter_mut().zip(&b[pb..pb + len]) {
+                        *d = f(x, y);
+                    }
+                }
+                [sa, sb] => {
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d = f(a[pa + i * sa], b[pb + i * sb]);
+                    }
+                }
+            }
+        });
+    });
+    out
+}
+
+/// NumPy broadcast of two shapes (right-aligned; sizes must match or one must be 1).
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    let size_at = |shape: &[usize], axis: usize| {
+        let missing = rank - shape.len();
+        if axis < missing {
+            1
+        } else {
+            shape[axis - missing]
+        }
+    };
+    (0..rank)
+        .map(|axis| match (size_at(a, axis), size_at(b, axis)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}

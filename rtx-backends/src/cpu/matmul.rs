@@ -1,0 +1,238 @@
+//! Batched matrix multiply: packed panels, cache blocking, a register-tiled micro-kernel.
+//!
+//! B is packed once per distinct batch matrix into column panels `NR` wide; each task packs its
+//! rows of A into row panels `MR` tall. The micro-kernel keeps an `MR x NR` tile of C in
+//! registers and runs over a `KC` slice of K; panels are zero-padded so edges need no special
+//! case. Tasks split rows and columns of C, never K, so every output element sums its K terms
+//! in the same order whatever the thread count.
+
+use std::collections::HashMap;
+
+use rayon::prelude::*;
+
+use crate::layout::Layout;
+
+use super::elementwise::broadcast_shape;
+use super::strided::numel;
+
+/// Micro-tile height: rows of A sharing each load of a B row.
+const MR: usize = 4;
+/// Micro-tile width: 4 x 8 accumulators fit in the 16 SSE registers with room for operands.
+const NR: usize = 8;
+/// K slice per pass, so a B panel slice (KC x NR) stays in L1 and an A block in L2.
+const KC: usize = 256;
+/// Rows of C per task.
+const MC: usize = 32;
+/// Columns of C per task; a multiple of NR.
+const NC: usize = 256;
+/// Multiply-adds below which forking costs more than it saves.
+const PARALLEL_WORK: usize = 1 << 17;
+
+/// A matrix read through strides, so transposed or otherwise strided inputs need no copy.
+#[derive(Clone, Copy)]
+struct MatrixView<'a> {
+    data: &'a [f32],
+    offset: usize,
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl MatrixView<'_> {
+    fn get(&self, row: usize, col: usize) -> f32 {
+        self.data[self.offset + row * self.row_stride + col * self.col_stride]
+    }
+}
+
+/// A block of C owned by one task: `rows[i][j]` is C[row0 + i, col0 + j].
+struct Tile<'c> {
+    batch: usize,
+    row0: usize,
+    col0: usize,
+    rows: Vec<&'c mut [f32]>,
+}
+
+/// Batched matmul: a [..., M, K] @ b [..., K, N] -> [..., M, N], batch dims broadcast NumPy style; rank >= 2 each (caller promotes 1-D). Returns (out, out_shape).
+pub fn matmul(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> (Vec<f32>, Vec<usize>) {
+    let (rank_a, rank_b) = (la.rank(), lb.rank());
+    let (m, k) = (la.shape[rank_a - 2], la.shape[rank_a - 1]);
+    let n = lb.shape[rank_b - 1];
+    let batch_shape = broadcast_shape(&la.shape[..rank_a - 2], &lb.shape[..rank_b - 2])
+        .expect("caller guarantees broadcastable batch dims");
+    let mut out_shape = batch_shape.clone();
+    out_shape.extend([m, n]);
+    let mut out = vec![0.0; numel(&out_shape)];
+    if out.is_empty() || k == 0 {
+        return (out, out_shape);
+    }
+
+    let a_offsets = batch_offsets(la, &batch_shape);
+    let b_offsets = batch_offsets(lb, &batch_shape);
+    let a_view = |offset| MatrixView {
+        data: a,
+        offset,
+        row_stride: la.strides[rank_a - 2],
+        col_stride: la.strides[rank_a - 1],
+    };
+    let b_view = |offset| MatrixView {
+        data: b,
+        offset,
+        row_stride: lb.strides[rank_b - 2],
+        col_stride: lb.strides[rank_b - 1],
+    };
+    let parallel = a_offsets.len() * m * n * k >= PARALLEL_WORK;
+
+    // A broadcast B (a weight shared across the batch) has one offset and is packed once.
+    let mut distinct_b: Vec<usize> = Vec::new();
+    let mut packed_index: HashMap<usize, usize> = HashMap::new();
+    let b_of_batch: Vec<usize> = b_offsets
+        .iter()
+        .map(|&offset| {
+            *packed_index.entry(offset).or_insert_with(|| {
+                distinct_b.push(offset);
+                distinct_b.len() - 1
+            })
+        })
+        .collect();
+    let packed_b: Vec<Vec<f32>> = if parallel {
+        distinct_b
+            .par_iter()
+            .map(|&offset| pack_b(b_view(offset), k, n))
+            .collect()
+    } else {
+        distinct_b
+            .iter()
+            .map(|&offset| pack_b(b_view(offset), k, n))
+            .collect()
+    };
+
+    let mut tiles = Vec::new();
+    for (batch, c) in out.chunks_mut(m * n).enumerate() {
+        for (block, c_rows) in c.chunks_mut(MC * n).enumerate() {
+            let first = tiles.len();
+            for col0 in (0..n).step_by(NC) {
+                tiles.push(Tile {
+                    batch,
+                    row0: block * MC,
+                    col0,
+                    rows: Vec::new(),
+                });
+            }
+            for row in c_rows.chunks_mut(n) {
+                for (j, segment) in row.chunks_mut(NC).enumerate() {
+                    tiles[first + j].rows.push(segment);
+                }
+            }
+        }
+    }
+    let run = |tile: Tile| {
+        let packed_a = pack_a(a_view(a_offsets[tile.batch]), tile.row0, tile.rows.len(), k);
+        let packed_b = &packed_b[b_of_batch[tile.batch]];
+        multiply_tile(tile, &packed_a, packed_b, k);
+    };
+    if parallel {
+        tiles.into_par_iter().for_each(run);
+    } else {
+        tiles.into_iter().for_each(run);
+    }
+    (out, out_shape)
+}
+
+/// Buffer offset of each batch matrix of `l`, with `l`'s batch dims broadcast to `batch_shape`.
+fn batch_offsets(l: &Layout, batch_shape: &[usize]) -> Vec<usize> {
+    let batch_rank = l.rank() - 2;
+    Layout {
+        shape: l.shape[..batch_rank].to_vec(),
+        strides: l.strides[..batch_rank].to_vec(),
+        offset: l.offset,
+    }
+    .broadcast_to(batch_shape)
+    .indices()
+    .collect()
+}
+
+/// B [K, N] as column panels NR wide, each K x NR row-major (columns past N are zero), so a K
+/// slice of a panel is one contiguous run.
+fn pack_b(b: MatrixView, k: usize, n: usize) -> Vec<f32> {
+    let panels = n.div_ceil(NR);
+    let mut packed = vec![0.0; panels * k * NR];
+    for (panel, dst) in packed.chunks_mut(k * NR).enumerate() {
+        let col0 = panel * NR;
+        let width = NR.min(n - col0);
+        for (kk, dst_row) in dst.chunks_mut(NR).enumerate() {
+            if b.col_stride == 1 {
+                let start = b.offset + kk * b.row_stride + col0;
+                dst_row[..width].copy_from_slice(&b.data[start..start + width]);
+            } else {
+                for (j, d) in dst_row[..width].iter_mut().enumerate() {
+                    *d = b.get(kk, col0 + j);
+                }
+            }
+        }
+    }
+    packed
+}
+
+/// Rows `row0..row0 + rows` of A [M, K] as row panels MR tall, each stored K-major (MR values
+/// per k; rows past the end are zero).
+fn pack_a(a: MatrixView, row0: usize, rows: usize, k: usize) -> Vec<f32> {
+    let panels = rows.div_ceil(MR);
+    let mut packed = vec![0.0; panels * k * MR];
+    for (panel, dst) in packed.chunks_mut(k * MR).enumerate() {
+        let height = MR.min(rows - panel * MR);
+        for r in 0..height {
+            let row = row0 + panel * MR + r;
+            for kk in 0..k {
+                dst[kk * MR + r] = a.get(row, kk);
+            }
+        }
+    }
+    packed
+}
+
+fn multiply_tile(mut tile: Tile, packed_a: &[f32], packed_b: &[f32], k: usize) {
+    let width = tile.rows.first().map_or(0, |row| row.len());
+    let row_panels = tile.rows.len().div_ceil(MR);
+    let first_panel = tile.col0 / NR;
+    let col_panels = width.div_ceil(NR);
+    for k0 in (0..k).step_by(KC) {
+        let kc = KC.min(k - k0);
+        for col_panel in 0..col_panels {
+            let b_slice = &packed_b[(first_panel + col_panel) * k * NR + k0 * NR..][..kc * NR];
+            let j0 = col_panel * NR;
+            let cols = NR.min(width - j0);
+            for row_panel in 0..row_panels {
+                let a_slice = &packed_a[row_panel * k * MR + k0 * MR..][..kc * MR];
+                let acc = micro_kernel(a_slice, b_slice);
+                let height = MR.min(tile.rows.len() - row_panel * MR);
+                for (r, acc_row) in acc.iter().enumerate().take(height) {
+                    let dst = &mut tile.rows[row_panel * MR + r][j0..j0 + cols];
+                    if k0 == 0 {
+                        dst.copy_from_slice(&acc_row[..cols]);
+                    } else {
+                        for (d, &v) in dst.iter_mut().zip(acc_row) {
+                            *d += v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One MR x NR tile of A-panel times B-panel over a K slice, accumulated in registers in k order.
+#[inline(always)]
+fn micro_kernel(a_slice: &[f32], b_slice: &[f32]) -> [[f32; NR]; MR] {
+    let mut acc = [[0.0f32; NR]; MR];
+    for (a_col, b_row) in a_slice.chunks_exact(MR).zip(b_slice.chunks_exact(NR)) {
+        // chunks_exact yields exactly MR / NR values, so these conversions cannot fail; the
+        // fixed-size arrays let the compiler drop bounds checks and vectorize across NR.
+        let a_col: &[f32; MR] = a_col.try_into().unwrap();
+        let b_row: &[f32; NR] = b_row.try_into().unwrap();
+        for (acc_row, &a_value) in acc.iter_mut().zip(a_col) {
+            for (c, &b_value) in acc_row.iter_mut().zip(b_row) {
+                *c += a_value * b_value;
+            }
+        }
+    }
+    acc
+}

@@ -1,0 +1,35 @@
+//! CPU kernels: f32, rayon-parallel over outputs, bit-identical for every thread count.
+//!
+//! Every kernel reads its inputs through a [`Layout`] (strided, permuted, broadcast or offset
+//! views all work) and returns a fresh contiguous row-major buffer. Shapes are not validated:
+//! rtx-core runs the IR's shape rules before calling in.
+//!
+//! Determinism: no kernel splits work by thread count and no kernel uses atomics. Each output
+//! element is produced by one task that sums its terms in a fixed order; where a single output
+//! needs more than one task (very long reductions), the pieces have a fixed size and are combined
+//! in piece order. Long reductions over a tensor axis (reduce, softmax, cross-entropy) accumulate
+//! in f64; matmul and convolution accumulate in f32 like a BLAS would.
+
+mod conv;
+mod elementwise;
+mod index;
+mod loss;
+mod matmul;
+mod pool;
+mod random;
+mod reduce;
+mod softmax;
+mod strided;
+mod window;
+
+pub use crate::layout::Layout;
+pub use conv::{conv2d, conv2d_grad_input, conv2d_grad_weight};
+pub use elementwise::{BinaryOp, UnaryOp, binary, broadcast_shape, unary};
+pub use index::{concat, gather_rows, pad_narrow, scatter_add_rows};
+pub use loss::{LabelOutOfRange, cross_entropy, cross_entropy_grad};
+pub use matmul::matmul;
+pub use pool::{avg_pool2d, avg_pool2d_grad, max_pool2d, max_pool2d_grad};
+pub use random::dropout_mask;
+pub use reduce::{ReduceOp, max_grad, reduce, sum_to};
+pub use softmax::{log_softmax, log_softmax_grad, softmax, softmax_grad};
+pub use strided::to_contiguous;

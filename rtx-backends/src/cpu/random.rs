@@ -1,0 +1,38 @@
+//! Counter-based random masks: element `i` is a pure function of `(seed, i)`, so a mask never
+//! depends on how the work was split across threads.
+
+use super::strided::for_each_chunk;
+
+const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// SplitMix64's finalizer: a bijective mix whose every output bit depends on every input bit.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Uniform in [0, 1) from the top 24 bits, all of which an f32 holds exactly.
+fn uniform(key: u64, index: u64) -> f32 {
+    let bits = mix64(key.wrapping_add(index.wrapping_add(1).wrapping_mul(GOLDEN_GAMMA)));
+    (bits >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
+}
+
+/// Dropout mask of `numel` elements: 0.0 with probability p, else 1/(1-p). Counter-based (e.g. splitmix64 or Philox-like hash of (seed, index)) so the result depends only on (seed, numel, p), never on thread count. p == 0 gives all ones.
+pub fn dropout_mask(numel: usize, p: f32, seed: u64) -> Vec<f32> {
+    // Mixing the seed first keeps nearby seeds (0, 1, 2, ...) from giving shifted copies of one
+    // stream.
+    let key = mix64(seed ^ 0x6A09_E667_F3BC_C909);
+    let keep_scale = 1.0 / (1.0 - p);
+    let mut mask = vec![0.0; numel];
+    for_each_chunk(&mut mask, |start, piece| {
+        for (i, m) in piece.iter_mut().enumerate() {
+            *m = if uniform(key, (start + i) as u64) < p {
+                0.0
+            } else {
+                keep_scale
+            };
+        }
+    });
+    mask
+}

@@ -1,0 +1,214 @@
+//! Axis reductions (sum, mean, max), the max-reduction gradient, and `sum_to`.
+
+use rayon::prelude::*;
+
+use crate::layout::Layout;
+
+use super::strided::{PARALLEL_THRESHOLD, Walk, numel, position, to_contiguous};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Max,
+}
+
+/// A group longer than this is reduced in pieces of this size, computed in parallel and combined
+/// in piece order. Fixed, so the summation order depends on the shape only.
+const GROUP_PIECE: usize = 16 * 1024;
+
+/// `l` seen as kept axes times reduced axes: one group of elements per output element.
+struct Groups {
+    /// Buffer position of each group's first element, in output (row-major kept-axes) order.
+    bases: Vec<usize>,
+    /// The reduced axes, offset 0: add a base to get buffer positions.
+    group: Layout,
+}
+
+impl Groups {
+    fn new(l: &Layout, axes: &[usize]) -> Self {
+        let mut kept = Layout {
+            shape: vec![],
+            strides: vec![],
+            offset: l.offset,
+        };
+        let mut group = Layout {
+            shape: vec![],
+            strides: vec![],
+            offset: 0,
+        };
+        for axis in 0..l.rank() {
+            let target = if axes.contains(&axis) {
+                &mut group
+            } else {
+                &mut kept
+            };
+            target.shape.push(l.shape[axis]);
+            target.strides.push(l.strides[axis]);
+        }
+        Groups {
+            bases: kept.indices().collect(),
+            group,
+        }
+    }
+
+    fn group_len(&self) -> usize {
+        self.group.numel()
+    }
+}
+
+/// Replaces `acc` by `v` when `v` is larger or is the first NaN, so NaN propagates and ties keep
+/// the earliest value.
+fn beats(v: f32, acc: f32) -> bool {
+    v > acc || (v.is_nan() && !acc.is_nan())
+}
+
+/// Reduce over `axes` (sorted, unique, < rank). keepdim keeps them as size 1. Returns (out, out_shape).
+pub fn reduce(
+    op: ReduceOp,
+    x: &[f32],
+    l: &Layout,
+    axes: &[usize],
+    keepdim: bool,
+) -> (Vec<f32>, Vec<usize>) {
+    let out_shape: Vec<usize> = (0..l.rank())
+        .filter_map(|axis| match (axes.contains(&axis), keepdim) {
+            (false, _) => Some(l.shape[axis]),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect();
+    let groups = Groups::new(l, axes);
+    let group_len = groups.group_len();
+    let walk = Walk::new(&groups.group.shape, [&groups.group]);
+    let pieces = group_len.div_ceil(GROUP_PIECE).max(1);
+
+    let partial = |index: usize| -> f64 {
+        let (out_index, piece) = (index / pieces, index % pieces);
+        let start = piece * GROUP_PIECE;
+        let len = GROUP_PIECE.min(group_len.saturating_sub(start));
+        let base = groups.bases[out_index];
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => {
+                let mut acc = 0.0f64;
+                walk.runs(start, len, |_, run, [pos], [stride]| {
+                    for i in 0..run {
+                        acc += x[base + pos + i * stride] as f64;
+                    }
+                });
+                acc
+            }
+            ReduceOp::Max => {
+                let mut acc = f32::NEG_INFINITY;
+                walk.runs(start, len, |_, run, [pos], [stride]| {
+                    for i in 0..run {
+                        let v = x[base + pos + i * stride];
+                        if beats(v, acc) {
+                            acc = v;
+                        }
+                    }
+                });
+                acc as f64
+            }
+        }
+    };
+    let count = groups.bases.len() * pieces;
+    let partials: Vec<f64> = if groups.bases.len() * group_len > PARALLEL_THRESHOLD {
+        (0..count).into_par_iter().map(partial).collect()
+    } else {
+        (0..count).map(partial).collect()
+    };
+
+    let out = partials
+        .chunks(pieces)
+        .map(|parts| match op {
+            ReduceOp::Sum => parts.iter().sum::<f64>() as f32,
+            ReduceOp::Mean => (parts.iter().sum::<f64>() / group_len as f64) as f32,
+            ReduceOp::Max => parts
+                .iter()
+                .map(|&p| p as f32)
+                .fold(
+                    f32::NEG_INFINITY,
+                    |acc, v| if beats(v, acc) { v } else { acc },
+                ),
+        })
+        .collect();
+    (out, out_shape)
+}
+
+/// Gradient of Max-reduction: for each reduced group, the upstream gradient goes to the FIRST position (row-major order within the group) holding the max, zero elsewhere. g has the reduced shape (keepdim or not, as given). Output has x's shape.
+pub fn max_grad(
+    x: &[f32],
+    lx: &Layout,
+    g: &[f32],
+    lg: &Layout,
+    axes: &[usize],
+    keepdim: bool,
+) -> Vec<f32> {
+    let source = Groups::new(lx, axes);
+    let target = Groups::new(&Layout::contiguous(&lx.shape), axes);
+    let group_len = source.group_len();
+    let walk = Walk::new(&source.group.shape, [&source.group]);
+
+    let g_kept = if keepdim {
+        let mut kept = Layout {
+            shape: vec![],
+            strides: vec![],
+            offset: lg.offset,
+        };
+        for axis in (0..lg.rank()).filter(|axis| !axes.contains(axis)) {
+            kept.shape.push(lg.shape[axis]);
+            kept.strides.push(lg.strides[axis]);
+        }
+        kept
+    } else {
+        lg.clone()
+    };
+    let g_values = to_contiguous(g, &g_kept);
+
+    let first_max = |out_index: usize| -> Option<usize> {
+        let base = source.bases[out_index];
+        let mut best: Option<(usize, f32)> = None;
+        walk.runs(0, group_len, |at, run, [pos], [stride]| {
+            for i in 0..run {
+                let v = x[base + pos + i * stride];
+                if best.is_none_or(|(_, acc)| beats(v, acc)) {
+                    best = Some((at + i, v));
+                }
+            }
+        });
+        best.map(|(index, _)| index)
+    };
+    let winners: Vec<Option<usize>> = if numel(&lx.shape) > PARALLEL_THRESHOLD {
+        (0..source.bases.len())
+            .into_par_iter()
+            .map(first_max)
+            .collect()
+    } else {
+        (0..source.bases.len()).map(first_max).collect()
+    };
+
+    // One write per group, so the scatter stays serial.
+    let mut out = vec![0.0; numel(&lx.shape)];
+    for (out_index, winner) in winners.into_iter().enumerate() {
+        if let Some(in_group) = winner {
+            let at = target.bases[out_index]
+                + position(in_group, &target.group.shape, &target.group.strides);
+            out[at] = g_values[out_index];
+        }
+    }
+    out
+}
+
+/// Sum `g` down to `shape` (the inverse of NumPy broadcasting: sum leading extra axes and axes where shape has 1).
+pub fn sum_to(g: &[f32], lg: &Layout, shape: &[usize]) -> Vec<f32> {
+    let extra = lg.rank() - shape.len();
+    let axes: Vec<usize> = (0..lg.rank())
+        .filter(|&axis| axis < extra || (shape[axis - extra] == 1 && lg.shape[axis] != 1))
+        .collect();
+    if axes.is_empty() {
+        return to_contiguous(g, lg);
+    }
+    // The kept axes are `shape`'s axes minus some of size 1, so the row-major order matches.
+    reduce(ReduceOp::Sum, g, lg, &axes, false).0
+}

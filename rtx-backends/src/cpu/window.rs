@@ -1,0 +1,64 @@
+//! Sliding-window geometry shared by convolution and pooling (PyTorch conventions, floor mode).
+
+/// An `[N, C, H, W]` input scanned by a `kernel` window with `stride` and zero/`-inf` `padding`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Window2d {
+    pub batch: usize,
+    pub channels: usize,
+    pub in_size: [usize; 2],
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub out_size: [usize; 2],
+}
+
+impl Window2d {
+    pub(crate) fn new(
+        x_shape: &[usize],
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    ) -> Self {
+        let in_size = [x_shape[2], x_shape[3]];
+        // A window larger than the padded input leaves no output rather than underflowing.
+        let out_size = std::array::from_fn(|d| {
+            (in_size[d] + 2 * padding[d])
+                .checked_sub(kernel[d])
+                .map_or(0, |span| span / stride[d] + 1)
+        });
+        Window2d {
+            batch: x_shape[0],
+            channels: x_shape[1],
+            in_size,
+            kernel,
+            stride,
+            padding,
+            out_size,
+        }
+    }
+
+    /// Input coordinate on axis `d` (0 = height, 1 = width) under output `out` and kernel tap
+    /// `tap`, or `None` when that falls in the padding.
+    #[inline]
+    pub(crate) fn input_coord(&self, d: usize, out: usize, tap: usize) -> Option<usize> {
+        (out * self.stride[d] + tap)
+            .checked_sub(self.padding[d])
+            .filter(|&i| i < self.in_size[d])
+    }
+
+    pub(crate) fn in_plane(&self) -> usize {
+        self.in_size[0] * self.in_size[1]
+    }
+
+    pub(crate) fn out_plane(&self) -> usize {
+        self.out_size[0] * self.out_size[1]
+    }
+
+    pub(crate) fn taps(&self) -> usize {
+        self.kernel[0] * self.kernel[1]
+    }
+
+    pub(crate) fn out_shape(&self, channels: usize) -> Vec<usize> {
+        vec![self.batch, channels, self.out_size[0], self.out_size[1]]
+    }
+}

@@ -1,0 +1,135 @@
+use rtx_backends::Layout;
+use rtx_backends::cpu::{conv2d, conv2d_grad_input, conv2d_grad_weight};
+
+use crate::common::*;
+
+struct Case {
+    x_shape: [usize; 4],
+    w_shape: [usize; 4],
+    stride: [usize; 2],
+    padding: [usize; 2],
+}
+
+const CASES: [Case; 4] = [
+    Case {
+        x_shape: [2, 3, 7, 6],
+        w_shape: [4, 3, 3, 2],
+        stride: [2, 1],
+        padding: [1, 0],
+    },
+    Case {
+        x_shape: [1, 2, 5, 5],
+        w_shape: [3, 2, 3, 3],
+        stride: [1, 1],
+        padding: [1, 1],
+    },
+    Case {
+        x_shape: [3, 1, 8, 8],
+        w_shape: [2, 1, 1, 1],
+        stride: [3, 2],
+        padding: [0, 2],
+    },
+    // Enough pixels for the parallel im2col / col2im paths.
+    Case {
+        x_shape: [8, 4, 24, 24],
+        w_shape: [6, 4, 3, 3],
+        stride: [1, 1],
+        padding: [1, 1],
+    },
+];
+
+fn out_size(case: &Case) -> [usize; 2] {
+    std::array::from_fn(|d| {
+        (case.x_shape[2 + d] + 2 * case.padding[d] - case.w_shape[2 + d]) / case.stride[d] + 1
+    })
+}
+
+/// Calls `visit(x_index, w_index, out_index)` for every in-bounds multiply of the convolution.
+fn for_each_tap(case: &Case, mut visit: impl FnMut(usize, usize, usize)) {
+    let [n, c, h, w] = case.x_shape;
+    let [o, _, kh, kw] = case.w_shape;
+    let [oh, ow] = out_size(case);
+    for ni in 0..n {
+        for oi in 0..o {
+            for y in 0..oh {
+                for x in 0..ow {
+                    for ci in 0..c {
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let iy =
+                                    (y * case.stride[0] + ky) as isize - case.padding[0] as isize;
+                                let ix =
+                                    (x * case.stride[1] + kx) as isize - case.padding[1] as isize;
+                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                                    continue;
+                                }
+                                let xi = ravel(&[ni, ci, iy as usize, ix as usize], &case.x_shape);
+                                let wi = ravel(&[oi, ci, ky, kx], &case.w_shape);
+                                let yi = ravel(&[ni, oi, y, x], &[n, o, oh, ow]);
+                                visit(xi, wi, yi);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// x stored NHWC and viewed as NCHW: a strided, permuted input.
+fn channels_last_input(rng: &mut Rng, shape: [usize; 4]) -> (Vec<f32>, Layout) {
+    let [n, c, h, w] = shape;
+    let (x, l) = random_contiguous(rng, &[n, h, w, c]);
+    (x, l.permute(&[0, 3, 1, 2]))
+}
+
+#[test]
+fn conv2d_forward_and_grads_match_reference() {
+    let mut rng = Rng::new(30);
+    for case in CASES {
+        let (x, lx) = channels_last_input(&mut rng, case.x_shape);
+        let (w, lw) = random_view(&mut rng, &case.w_shape, View::Reversed);
+        let [oh, ow] = out_size(&case);
+        let out_shape = vec![case.x_shape[0], case.w_shape[0], oh, ow];
+        let (g, lg) = random_view(&mut rng, &out_shape, View::Narrowed);
+        let (xv, wv, gv) = (read(&x, &lx), read(&w, &lw), read(&g, &lg));
+        let taps = (case.w_shape[1] * case.w_shape[2] * case.w_shape[3]) as f64;
+        let pixels = (case.x_shape[0] * oh * ow) as f64;
+
+        let mut want_y = vec![0.0; numel(&out_shape)];
+        let mut want_dx = vec![0.0; xv.len()];
+        let mut want_dw = vec![0.0; wv.len()];
+        for_each_tap(&case, |xi, wi, yi| {
+            want_y[yi] += xv[xi] * wv[wi];
+            want_dx[xi] += gv[yi] * wv[wi];
+            want_dw[wi] += gv[yi] * xv[xi];
+        });
+        let what = format!("x {:?} w {:?}", case.x_shape, case.w_shape);
+
+        let (y, shape) = conv2d(&x, &lx, &w, &lw, case.stride, case.padding);
+        assert_eq!(shape, out_shape);
+        assert_close(
+            &y,
+            &want_y,
+            1e-4 * taps.sqrt(),
+            1e-4,
+            &format!("forward {what}"),
+        );
+        let dx = conv2d_grad_input(&g, &lg, &w, &lw, &case.x_shape, case.stride, case.padding);
+        assert_close(
+            &dx,
+            &want_dx,
+            1e-4 * taps.sqrt(),
+            1e-4,
+            &format!("grad input {what}"),
+        );
+        let dw = conv2d_grad_weight(&x, &lx, &g, &lg, &case.w_shape, case.stride, case.padding);
+        assert_close(
+            &dw,
+            &want_dw,
+            1e-4 * pixels.sqrt(),
+            1e-4,
+            &format!("grad weight {what}"),
+        );
+    }
+}

@@ -1,0 +1,255 @@
+use rtx_backends::Layout;
+use rtx_backends::cpu::{BinaryOp, UnaryOp, binary, broadcast_shape, to_contiguous, unary};
+
+use crate::common::*;
+
+fn erf(x: f64) -> f64 {
+    libm::erf(x)
+}
+
+fn unary_reference(op: UnaryOp, x: f64) -> f64 {
+    match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Gelu => 0.5 * x * (1.0 + erf(x / 2f64.sqrt())),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::PowScalar(p) => x.powf(p as f64),
+        UnaryOp::AddScalar(c) => x + c as f64,
+        UnaryOp::MulScalar(c) => x * c as f64,
+    }
+}
+
+const UNARY_OPS: [UnaryOp; 12] = [
+    UnaryOp::Neg,
+    UnaryOp::Relu,
+    UnaryOp::Gelu,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Sqrt,
+    UnaryOp::PowScalar(2.5),
+    UnaryOp::PowScalar(-1.0),
+    UnaryOp::AddScalar(0.75),
+    UnaryOp::MulScalar(-3.0),
+];
+
+#[test]
+fn unary_matches_reference_on_every_view() {
+    let mut rng = Rng::new(1);
+    for op in UNARY_OPS {
+        let positive_only = matches!(op, UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::PowScalar(_));
+        for view in ALL_VIEWS {
+            let (x, l) = make_view(&mut rng, &[4, 3, 5], view, &mut |r| {
+                let v = r.uniform() * 4.0;
+                if positive_only { v.abs() + 0.1 } else { v }
+            });
+            let want: Vec<f64> = read(&x, &l)
+                .into_iter()
+                .map(|v| unary_reference(op, v))
+                .collect();
+            assert_close(
+                &unary(op, &x, &l),
+                &want,
+                1e-6,
+                1e-4,
+                &format!("{op:?} {view:?}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn unary_and_to_contiguous_on_a_large_strided_input() {
+    // Past the parallel threshold, so the chunked path runs.
+    let mut rng = Rng::new(2);
+    let (x, l) = random_view(&mut rng, &[130, 7, 60], View::Reversed);
+    let want = read(&x, &l);
+    assert_close(&to_contiguous(&x, &l), &want, 0.0, 0.0, "to_contiguous");
+    let doubled: Vec<f64> = want.iter().map(|v| v * 2.0).collect();
+    assert_close(
+        &unary(UnaryOp::MulScalar(2.0), &x, &l),
+        &doubled,
+        0.0,
+        0.0,
+        "mul large",
+    );
+}
+
+#[test]
+fn to_contiguous_of_every_view_and_a_scalar() {
+    let mut rng = Rng::new(3);
+    for view in ALL_VIEWS {
+        let (x, l) = random_view(&mut rng, &[3, 4, 2], view);
+        assert_close(
+            &to_contiguous(&x, &l),
+            &read(&x, &l),
+            0.0,
+            0.0,
+            &format!("{view:?}"),
+        );
+    }
+    let scalar = Layout {
+        shape: vec![],
+        strides: vec![],
+        offset: 2,
+    };
+    assert_eq!(to_contiguous(&[1.0, 2.0, 3.0], &scalar), vec![3.0]);
+}
+
+fn binary_reference(op: BinaryOp, a: f64, b: f64) -> f64 {
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::ReluGrad => {
+            if a > 0.0 {
+                b
+            } else {
+                0.0
+            }
+        }
+        BinaryOp::GeluGrad => {
+            let cdf = 0.5 * (1.0 + erf(a / 2f64.sqrt()));
+            let pdf = (-0.5 * a * a).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            b * (cdf + a * pdf)
+        }
+        BinaryOp::Maximum => a.max(b),
+        BinaryOp::Eq => {
+            if a == b {
+                1.0
+            } else {
+                0.0
+            }
+        }
+    }
+}
+
+/// Broadcasts both operands to `shape` in the reference, independently of the kernel.
+fn binary_naive(
+    op: BinaryOp,
+    a: &[f64],
+    sa: &[usize],
+    b: &[f64],
+    sb: &[usize],
+    shape: &[usize],
+) -> Vec<f64> {
+    let pick = |values: &[f64], s: &[usize], index: &[usize]| {
+        let skip = index.len() - s.len();
+        let own: Vec<usize> = s
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| if n == 1 { 0 } else { index[skip + i] })
+            .collect();
+        values[ravel(&own, s)]
+    };
+    (0..numel(shape))
+        .map(|linear| {
+            let index = unravel(linear, shape);
+            binary_reference(op, pick(a, sa, &index), pick(b, sb, &index))
+        })
+        .collect()
+}
+
+const BINARY_OPS: [BinaryOp; 8] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::ReluGrad,
+    BinaryOp::GeluGrad,
+    BinaryOp::Maximum,
+    BinaryOp::Eq,
+];
+
+#[test]
+fn binary_matches_reference_with_broadcasting_and_views() {
+    let mut rng = Rng::new(4);
+    let shape_pairs: [(&[usize], &[usize]); 5] = [
+        (&[3, 4, 5], &[3, 4, 5]),
+        (&[3, 1, 5], &[4, 5]),
+        (&[5], &[2, 3, 5]),
+        (&[2, 3, 1], &[1, 1, 6]),
+        (&[4, 5], &[1]),
+    ];
+    for op in BINARY_OPS {
+        for (sa, sb) in shape_pairs {
+            for (view_a, view_b) in [
+                (View::Contiguous, View::Contiguous),
+                (View::Reversed, View::Narrowed),
+                (View::Narrowed, View::Broadcast),
+                (View::Broadcast, View::Reversed),
+            ] {
+                let (a, la) = random_view(&mut rng, sa, view_a);
+                // Away from zero for Div; a coarse grid so Eq and Maximum see ties.
+                let (b, lb) = make_view(&mut rng, sb, view_b, &mut |r| {
+                    let v = (r.uniform() * 4.0).round() / 4.0;
+                    if v.abs() < 0.25 { 0.5 } else { v }
+                });
+                let a: Vec<f32> = a.iter().map(|v| (v * 4.0).round() / 4.0).collect();
+                let (got, shape) = binary(op, &a, &la, &b, &lb);
+                let want_shape = broadcast_shape(sa, sb).unwrap();
+                assert_eq!(shape, want_shape);
+                let want = binary_naive(op, &read(&a, &la), sa, &read(&b, &lb), sb, &shape);
+                assert_close(
+                    &got,
+                    &want,
+                    1e-6,
+                    1e-4,
+                    &format!("{op:?} {sa:?} {sb:?} {view_a:?} {view_b:?}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn binary_on_large_inputs_with_scalar_broadcast() {
+    let mut rng = Rng::new(5);
+    let (a, la) = random_view(&mut rng, &[200, 300], View::Contiguous);
+    let (b, lb) = random_view(&mut rng, &[300], View::Contiguous);
+    let (got, shape) = binary(BinaryOp::Mul, &a, &la, &b, &lb);
+    let want = binary_naive(
+        BinaryOp::Mul,
+        &read(&a, &la),
+        &la.shape,
+        &read(&b, &lb),
+        &lb.shape,
+        &shape,
+    );
+    assert_close(&got, &want, 0.0, 1e-7, "row broadcast");
+    let (got, _) = binary(BinaryOp::Sub, &b, &Layout::contiguous(&[1]), &a, &la);
+    let want = binary_naive(
+        BinaryOp::Sub,
+        &[b[0] as f64],
+        &[1],
+        &read(&a, &la),
+        &la.shape,
+        &shape,
+    );
+    assert_close(&got, &want, 1e-7, 1e-7, "scalar broadcast");
+}
+
+#[test]
+fn broadcast_shape_follows_numpy() {
+    assert_eq!(broadcast_shape(&[3, 1, 5], &[4, 5]), Some(vec![3, 4, 5]));
+    assert_eq!(broadcast_shape(&[], &[2, 3]), Some(vec![2, 3]));
+    assert_eq!(broadcast_shape(&[2, 0], &[1]), Some(vec![2, 0]));
+    assert_eq!(broadcast_shape(&[3], &[4]), None);
+    assert_eq!(broadcast_shape(&[2, 3], &[3, 3]), None);
+}
+
+#[test]
+fn activations_stay_finite_at_extremes() {
+    let x = [-100.0f32, -20.0, 0.0, 20.0, 100.0];
+    let l = Layout::contiguous(&[5]);
+    let sigmoid = unary(UnaryOp::Sigmoid, &x, &l);
+    assert!((0.0..1e-30).contains(&sigmoid[0]));
+    assert_eq!(sigmoid[4], 1.0);
+    assert!(unary(UnaryOp::Gelu, &x, &l).iter().all(|v| v.is_finite()));
+}

@@ -1,0 +1,121 @@
+use rtx_backends::Layout;
+use rtx_backends::cpu::{concat, gather_rows, pad_narrow, scatter_add_rows};
+
+use crate::common::*;
+
+#[test]
+fn concat_matches_reference_on_each_axis() {
+    let mut rng = Rng::new(70);
+    for axis in 0..3 {
+        let sizes = [2, 1, 3];
+        let shapes: Vec<Vec<usize>> = sizes
+            .iter()
+            .map(|&s| {
+                let mut shape = vec![4, 3, 5];
+                shape[axis] = s;
+                shape
+            })
+            .collect();
+        let views = [View::Reversed, View::Contiguous, View::Narrowed];
+        let inputs: Vec<(Vec<f32>, Layout)> = shapes
+            .iter()
+            .zip(views)
+            .map(|(shape, view)| random_view(&mut rng, shape, view))
+            .collect();
+        let refs: Vec<(&[f32], &Layout)> = inputs.iter().map(|(d, l)| (d.as_slice(), l)).collect();
+        let (got, shape) = concat(&refs, axis);
+        let mut want_shape = vec![4, 3, 5];
+        want_shape[axis] = 6;
+        assert_eq!(shape, want_shape);
+        let values: Vec<Vec<f64>> = inputs.iter().map(|(d, l)| read(d, l)).collect();
+        let want: Vec<f64> = (0..numel(&want_shape))
+            .map(|linear| {
+                let mut index = unravel(linear, &want_shape);
+                let mut part = 0;
+                while index[axis] >= sizes[part] {
+                    index[axis] -= sizes[part];
+                    part += 1;
+                }
+                values[part][ravel(&index, &shapes[part])]
+            })
+            .collect();
+        assert_close(&got, &want, 0.0, 0.0, &format!("axis {axis}"));
+    }
+}
+
+#[test]
+fn pad_narrow_places_the_gradient() {
+    let mut rng = Rng::new(71);
+    for axis in 0..3 {
+        let mut shape = vec![3, 4, 5];
+        shape[axis] = 2;
+        let (g, lg) = random_view(&mut rng, &shape, View::Reversed);
+        let gv = read(&g, &lg);
+        let (start, full_len) = (1, 4);
+        let mut full_shape = shape.clone();
+        full_shape[axis] = full_len;
+        let want: Vec<f64> = (0..numel(&full_shape))
+            .map(|linear| {
+                let mut index = unravel(linear, &full_shape);
+                if index[axis] < start || index[axis] >= start + 2 {
+                    return 0.0;
+                }
+                index[axis] -= start;
+                gv[ravel(&index, &shape)]
+            })
+            .collect();
+        assert_close(
+            &pad_narrow(&g, &lg, axis, start, full_len),
+            &want,
+            0.0,
+            0.0,
+            &format!("axis {axis}"),
+        );
+    }
+}
+
+#[test]
+fn gather_rows_reads_any_table_layout() {
+    let mut rng = Rng::new(72);
+    let (vocab, dim) = (11, 6);
+    let ids: Vec<i64> = (0..15).map(|_| rng.below(vocab) as i64).collect();
+    for view in [View::Contiguous, View::Reversed, View::Narrowed] {
+        let (table, lt) = random_view(&mut rng, &[vocab, dim], view);
+        let tv = read(&table, &lt);
+        let want: Vec<f64> = ids
+            .iter()
+            .flat_map(|&id| tv[id as usize * dim..(id as usize + 1) * dim].to_vec())
+            .collect();
+        assert_close(
+            &gather_rows(&table, &lt, &ids),
+            &want,
+            0.0,
+            0.0,
+            &format!("{view:?}"),
+        );
+    }
+}
+
+#[test]
+fn scatter_add_rows_sums_repeated_ids() {
+    let mut rng = Rng::new(73);
+    // The second size crosses the parallel threshold (bucketed path).
+    for (count, vocab, dim) in [(20, 7, 5), (3000, 50, 16)] {
+        let ids: Vec<i64> = (0..count).map(|_| rng.below(vocab) as i64).collect();
+        let (g, lg) = random_view(&mut rng, &[count, dim], View::Reversed);
+        let gv = read(&g, &lg);
+        let mut want = vec![0.0; vocab * dim];
+        for (i, &id) in ids.iter().enumerate() {
+            for j in 0..dim {
+                want[id as usize * dim + j] += gv[i * dim + j];
+            }
+        }
+        assert_close(
+            &scatter_add_rows(&g, &lg, &ids, vocab),
+            &want,
+            1e-5,
+            1e-4,
+            &format!("{count} ids"),
+        );
+    }
+}

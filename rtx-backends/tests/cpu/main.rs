@@ -1,0 +1,15 @@
+//! Every CPU kernel against a plain f64 loop written here, on seeded pseudo-random inputs read
+//! through contiguous, permuted, broadcast and narrowed layouts.
+
+mod common;
+
+mod conv;
+mod determinism;
+mod elementwise;
+mod index;
+mod loss;
+mod matmul;
+mod pool;
+mod random;
+mod reduce;
+mod softmax;

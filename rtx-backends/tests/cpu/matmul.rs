@@ -1,0 +1,137 @@
+use rtx_backends::Layout;
+use rtx_backends::cpu::matmul;
+
+use crate::common::*;
+
+/// Batched [..., M, K] @ [..., K, N] with NumPy batch broadcasting, in f64.
+fn matmul_naive(a: &[f64], sa: &[usize], b: &[f64], sb: &[usize]) -> (Vec<f64>, Vec<usize>) {
+    let (ra, rb) = (sa.len(), sb.len());
+    let (m, k, n) = (sa[ra - 2], sa[ra - 1], sb[rb - 1]);
+    let batch_rank = (ra - 2).max(rb - 2);
+    let batch_of = |s: &[usize]| -> Vec<usize> {
+        let own = &s[..s.len() - 2];
+        let mut padded = vec![1; batch_rank - own.len()];
+        padded.extend_from_slice(own);
+        padded
+    };
+    let (ba, bb) = (batch_of(sa), batch_of(sb));
+    let batch_shape: Vec<usize> = ba.iter().zip(&bb).map(|(&x, &y)| x.max(y)).collect();
+    let mut out_shape = batch_shape.clone();
+    out_shape.extend([m, n]);
+    let mut out = vec![0.0; numel(&out_shape)];
+    for batch in 0..numel(&batch_shape) {
+        let index = unravel(batch, &batch_shape);
+        let pick = |own: &[usize]| {
+            let i: Vec<usize> = own
+                .iter()
+                .zip(&index)
+                .map(|(&s, &i)| if s == 1 { 0 } else { i })
+                .collect();
+            ravel(&i, own)
+        };
+        let (a0, b0) = (pick(&ba) * m * k, pick(&bb) * k * n);
+        for i in 0..m {
+            for j in 0..n {
+                out[batch * m * n + i * n + j] =
+                    (0..k).map(|p| a[a0 + i * k + p] * b[b0 + p * n + j]).sum();
+            }
+        }
+    }
+    (out, out_shape)
+}
+
+fn check(a: &[f32], la: &Layout, b: &[f32], lb: &Layout, what: &str) {
+    let (got, shape) = matmul(a, la, b, lb);
+    let (want, want_shape) = matmul_naive(&read(a, la), &la.shape, &read(b, lb), &lb.shape);
+    assert_eq!(shape, want_shape, "{what}: shape");
+    let k = la.shape[la.rank() - 1] as f64;
+    assert_close(&got, &want, 1e-4 * k.sqrt().max(1.0), 1e-4, what);
+}
+
+#[test]
+fn matmul_odd_sizes() {
+    let mut rng = Rng::new(20);
+    for (m, k, n) in [
+        (1, 1, 1),
+        (17, 33, 65),
+        (1, 300, 9),
+        (70, 300, 3),
+        (5, 7, 300),
+        (4, 8, 8),
+        (33, 1, 17),
+    ] {
+        let (a, la) = random_contiguous(&mut rng, &[m, k]);
+        let (b, lb) = random_contiguous(&mut rng, &[k, n]);
+        check(&a, &la, &b, &lb, &format!("{m}x{k}x{n}"));
+    }
+}
+
+#[test]
+fn matmul_views() {
+    let mut rng = Rng::new(21);
+    for view_a in ALL_VIEWS {
+        for view_b in ALL_VIEWS {
+            let (a, la) = random_view(&mut rng, &[3, 13, 11], view_a);
+            let (b, lb) = random_view(&mut rng, &[3, 11, 10], view_b);
+            check(&a, &la, &b, &lb, &format!("{view_a:?} @ {view_b:?}"));
+        }
+    }
+    // A plain 2-D transpose on each side.
+    let (a, la) = random_contiguous(&mut rng, &[40, 30]);
+    let (b, lb) = random_contiguous(&mut rng, &[20, 40]);
+    check(
+        &a,
+        &la.permute(&[1, 0]),
+        &b,
+        &lb.permute(&[1, 0]),
+        "aT @ bT",
+    );
+}
+
+#[test]
+fn matmul_broadcast_batches() {
+    let mut rng = Rng::new(22);
+    let cases: [(&[usize], &[usize]); 4] = [
+        (&[2, 1, 5, 6], &[3, 6, 7]),
+        (&[4, 9, 12], &[12, 5]),
+        (&[9, 12], &[2, 2, 12, 5]),
+        (&[1, 3, 4], &[2, 1, 4, 6]),
+    ];
+    for (sa, sb) in cases {
+        let (a, la) = random_contiguous(&mut rng, sa);
+        let (b, lb) = random_contiguous(&mut rng, sb);
+        check(&a, &la, &b, &lb, &format!("{sa:?} @ {sb:?}"));
+    }
+    // A weight broadcast with stride 0 over an explicit batch axis.
+    let (a, la) = random_contiguous(&mut rng, &[6, 8, 10]);
+    let (w, lw) = random_contiguous(&mut rng, &[1, 10, 4]);
+    check(&a, &la, &w, &lw.broadcast_to(&[6, 10, 4]), "stride-0 batch");
+}
+
+#[test]
+fn matmul_large_enough_to_split_into_tiles() {
+    // More rows than one task's block and more columns than one tile, in parallel.
+    let mut rng = Rng::new(23);
+    let (a, la) = random_contiguous(&mut rng, &[2, 70, 90]);
+    let (b, lb) = random_contiguous(&mut rng, &[90, 520]);
+    check(&a, &la, &b, &lb, "2x70x90x520");
+}
+
+#[test]
+fn matmul_empty_dimensions() {
+    let (out, shape) = matmul(
+        &[],
+        &Layout::contiguous(&[3, 0]),
+        &[],
+        &Layout::contiguous(&[0, 4]),
+    );
+    assert_eq!(shape, vec![3, 4]);
+    assert_eq!(out, vec![0.0; 12]);
+    let (out, shape) = matmul(
+        &[],
+        &Layout::contiguous(&[0, 5]),
+        &[0.0; 10],
+        &Layout::contiguous(&[5, 2]),
+    );
+    assert_eq!((out.len(), shape), (0, vec![0, 2]));
+}

@@ -1,0 +1,139 @@
+use rtx_backends::cpu::{avg_pool2d, avg_pool2d_grad, max_pool2d, max_pool2d_grad};
+
+use crate::common::*;
+
+struct Case {
+    x_shape: [usize; 4],
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+}
+
+const CASES: [Case; 4] = [
+    Case {
+        x_shape: [2, 3, 8, 8],
+        kernel: [2, 2],
+        stride: [2, 2],
+        padding: [0, 0],
+    },
+    // Overlapping windows with padding.
+    Case {
+        x_shape: [2, 2, 7, 6],
+        kernel: [3, 3],
+        stride: [2, 1],
+        padding: [1, 1],
+    },
+    Case {
+        x_shape: [1, 1, 5, 9],
+        kernel: [2, 4],
+        stride: [1, 3],
+        padding: [1, 2],
+    },
+    // Large enough for the parallel plane split.
+    Case {
+        x_shape: [16, 8, 20, 20],
+        kernel: [3, 3],
+        stride: [2, 2],
+        padding: [1, 1],
+    },
+];
+
+/// Each window's in-bounds input indices (row-major within the window), per output index.
+fn windows(case: &Case) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let [n, c, h, w] = case.x_shape;
+    let out: [usize; 2] = std::array::from_fn(|d| {
+        (case.x_shape[2 + d] + 2 * case.padding[d] - case.kernel[d]) / case.stride[d] + 1
+    });
+    let out_shape = vec![n, c, out[0], out[1]];
+    let mut all = Vec::new();
+    for linear in 0..numel(&out_shape) {
+        let [ni, ci, y, x] = unravel(linear, &out_shape)[..] else {
+            unreachable!()
+        };
+        let mut taps = Vec::new();
+        for ky in 0..case.kernel[0] {
+            for kx in 0..case.kernel[1] {
+                let iy = (y * case.stride[0] + ky) as isize - case.padding[0] as isize;
+                let ix = (x * case.stride[1] + kx) as isize - case.padding[1] as isize;
+                if iy >= 0 && ix >= 0 && iy < h as isize && ix < w as isize {
+                    taps.push(ravel(&[ni, ci, iy as usize, ix as usize], &case.x_shape));
+                }
+            }
+        }
+        all.push(taps);
+    }
+    (out_shape, all)
+}
+
+#[test]
+fn max_pool_forward_and_grad_match_reference() {
+    let mut rng = Rng::new(40);
+    for case in CASES {
+        for view in [View::Contiguous, View::Reversed, View::Narrowed] {
+            // Coarse values so windows contain ties.
+            let (x, lx) = make_view(&mut rng, &case.x_shape, view, &mut |r| {
+                (r.uniform() * 3.0).round()
+            });
+            let xv = read(&x, &lx);
+            let (out_shape, windows) = windows(&case);
+            let (g, lg) = random_view(&mut rng, &out_shape, View::Reversed);
+            let gv = read(&g, &lg);
+            let mut want_y = Vec::new();
+            let mut want_dx = vec![0.0; xv.len()];
+            for (o, taps) in windows.iter().enumerate() {
+                let first_max = taps
+                    .iter()
+                    .copied()
+                    .fold(None::<usize>, |best, t| match best {
+                        Some(b) if xv[t] <= xv[b] => Some(b),
+                        _ => Some(t),
+                    });
+                let first_max = first_max.unwrap();
+                want_y.push(xv[first_max]);
+                want_dx[first_max] += gv[o];
+            }
+            let what = format!("{:?} k{:?} {view:?}", case.x_shape, case.kernel);
+            let (y, shape) = max_pool2d(&x, &lx, case.kernel, case.stride, case.padding);
+            assert_eq!(shape, out_shape);
+            assert_close(&y, &want_y, 0.0, 0.0, &format!("max forward {what}"));
+            let dx = max_pool2d_grad(&x, &lx, &g, &lg, case.kernel, case.stride, case.padding);
+            assert_close(&dx, &want_dx, 1e-6, 1e-5, &format!("max grad {what}"));
+        }
+    }
+}
+
+#[test]
+fn avg_pool_forward_and_grad_match_reference() {
+    let mut rng = Rng::new(41);
+    for case in CASES {
+        for view in [View::Contiguous, View::Reversed, View::Broadcast] {
+            let (x, lx) = random_view(&mut rng, &case.x_shape, view);
+            let xv = read(&x, &lx);
+            let (out_shape, windows) = windows(&case);
+            let (g, lg) = random_view(&mut rng, &out_shape, View::Narrowed);
+            let gv = read(&g, &lg);
+            let divisor = (case.kernel[0] * case.kernel[1]) as f64;
+            let mut want_y = Vec::new();
+            let mut want_dx = vec![0.0; xv.len()];
+            for (o, taps) in windows.iter().enumerate() {
+                want_y.push(taps.iter().map(|&t| xv[t]).sum::<f64>() / divisor);
+                for &t in taps {
+                    want_dx[t] += gv[o] / divisor;
+                }
+            }
+            let what = format!("{:?} k{:?} {view:?}", case.x_shape, case.kernel);
+            let (y, shape) = avg_pool2d(&x, &lx, case.kernel, case.stride, case.padding);
+            assert_eq!(shape, out_shape);
+            assert_close(&y, &want_y, 1e-6, 1e-4, &format!("avg forward {what}"));
+            let dx = avg_pool2d_grad(
+                &g,
+                &lg,
+                &case.x_shape,
+                case.kernel,
+                case.stride,
+                case.padding,
+            );
+            assert_close(&dx, &want_dx, 1e-6, 1e-4, &format!("avg grad {what}"));
+        }
+    }
+}

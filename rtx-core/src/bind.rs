@@ -1,0 +1,62 @@
+//! Run-time entry checks of a graph function: every input's dtype, rank and literal or
+//! generic dims are checked, and symbolic dims (`B`) are bound on first use and checked on
+//! every later use. A mismatch is an `RtxError::ShapeMismatch` naming both shapes.
+
+use crate::error::{Result, RtxError};
+use crate::tensor::{fmt_dims, DType, Tensor};
+
+pub struct Binder {
+    function: &'static str,
+    bound: Vec<(&'static str, usize, &'static str)>,
+}
+
+impl Binder {
+    pub fn new(function: &'static str) -> Binder {
+        Binder { function, bound: Vec::new() }
+    }
+
+    fn mismatch(&self, arg: &str, declared: &str, t: &Tensor, why: String) -> RtxError {
+        RtxError::ShapeMismatch {
+            context: format!("argument `{arg}` of `{}`", self.function),
+            expected: format!("{declared}{why}"),
+            found: fmt_dims(t.shape()),
+        }
+    }
+
+    pub fn arg(&mut self, arg: &str, t: &Tensor, declared: &str, rank: usize, dtype: DType) -> Result<()> {
+        if t.dtype() != dtype {
+            return Err(RtxError::DTypeMismatch {
+                context: format!("argument `{arg}` of `{}`", self.function),
+                expected: dtype.to_string(),
+                found: t.dtype().to_string(),
+            });
+        }
+        if t.rank() != rank {
+            return Err(self.mismatch(arg, declared, t, format!(" (rank {rank})")));
+        }
+        Ok(())
+    }
+
+    /// Binds symbol `sym` to `t.shape()[axis]`, or checks it against an earlier binding.
+    pub fn bind(&mut self, arg: &'static str, t: &Tensor, declared: &str, axis: usize, sym: &'static str) -> Result<usize> {
+        let v = t.shape()[axis];
+        if let Some(&(_, prev, from)) = self.bound.iter().find(|(s, _, _)| *s == sym) {
+            if prev != v {
+                return Err(self.mismatch(arg, declared, t, format!(" with {sym} = {prev} (bound by argument `{from}`)")));
+            }
+            return Ok(v);
+        }
+        self.bound.push((sym, v, arg));
+        Ok(v)
+    }
+
+    /// Checks `t.shape()[axis] == value`.
+    pub fn expect(&mut self, arg: &str, t: &Tensor, declared: &str, axis: usize, value: usize) -> Result<()> {
+        if t.shape()[axis] != value {
+            let syms: Vec<String> = self.bound.iter().map(|(s, v, _)| format!("{s} = {v}")).collect();
+            let why = if syms.is_empty() { String::new() } else { format!(" with {}", syms.join(", ")) };
+            return Err(self.mismatch(arg, declared, t, why));
+        }
+        Ok(())
+    }
+}

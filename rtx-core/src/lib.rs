@@ -1,0 +1,46 @@
+//! rtx-core: the runtime of RustyTorch++ and the one crate a user imports.
+//!
+//! In the map of DESIGN.md this crate sits above `rtx-ir` (op definitions, shape rules),
+//! `rtx-backends` (kernels) and `rtx-macros` (`#[model]`, `graph!`), and re-exports all three:
+//! `use rtx_core::prelude::*` is the whole import. It holds `Tensor`, the single op dispatch
+//! (`ops::run_op`) that compiled models and the IR executor share, layers and their
+//! initialization, optimizers, checkpoints (safetensors) and `RtxError`.
+
+extern crate self as rtx_core;
+
+pub mod bind;
+pub mod checkpoint;
+pub mod ctx;
+pub mod error;
+pub mod exec;
+pub mod layers;
+pub mod module;
+pub mod ops;
+pub mod optim;
+pub mod rng;
+pub mod tensor;
+
+pub use ctx::Ctx;
+pub use error::{Result, RtxError};
+pub use layers::{Conv2d, Embedding, LayerNorm, Linear, Param1, Param2, Param3, Param4};
+pub use module::{join_name, Grads, Module};
+pub use rng::Rng;
+pub use tensor::{DType, Tensor};
+
+/// The graph IR (`Mlp::graph()` returns an `ir::ModelIr`).
+pub use rtx_ir as ir;
+/// Type-level dimensions used by generated generic-dimension checks.
+pub use rtx_shapes as shapes;
+
+#[doc(hidden)]
+pub use rtx_macros::__model_impl;
+pub use rtx_macros::{graph, model};
+
+pub mod prelude {
+    //! Everything a model file needs.
+    pub use crate::checkpoint::Checkpoint;
+    pub use crate::optim::{Adam, AdamW, Optimizer, Sgd};
+    pub use crate::{graph, model};
+    pub use crate::{Conv2d, Ctx, DType, Embedding, Grads, LayerNorm, Linear, Module, Param1, Param2, Param3, Param4};
+    pub use crate::{Result, Rng, RtxError, Tensor};
+}

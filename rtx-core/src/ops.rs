@@ -1,0 +1,257 @@
+//! Executes one IR op on tensors: the single dispatch point from `rtx_ir::Op` to the kernels.
+//!
+//! The code `graph!` emits calls `run_op` once per node, and the IR executor (`exec.rs`) calls
+//! it too, so compiled models and interpreted graphs cannot disagree. Every call first runs the
+//! op's shape rule from `rtx-ir` on the concrete shapes, so kernels only ever see valid input.
+
+use crate::ctx::Ctx;
+use crate::error::{Result, RtxError};
+use crate::tensor::{DType, Tensor};
+use rtx_backends::cpu::{self, BinaryOp, ReduceOp, UnaryOp};
+use rtx_backends::Layout;
+use rtx_ir::{Dim, Op, ShapeErrorKind, Unifier};
+
+fn ir_shape(s: &[usize]) -> rtx_ir::Shape {
+    s.iter().map(|&d| Dim::known(d)).collect()
+}
+
+fn ir_dtype(t: &Tensor) -> rtx_ir::DType {
+    match t.dtype() {
+        DType::F32 => rtx_ir::DType::F32,
+        DType::I64 => rtx_ir::DType::I64,
+    }
+}
+
+/// Runs the op's shape rule on concrete shapes; returns the output shape.
+pub fn check_shapes(op: &Op, args: &[&Tensor]) -> Result<Vec<usize>> {
+    let shapes: Vec<rtx_ir::Shape> = args.iter().map(|t| ir_shape(t.shape())).collect();
+    let info: Vec<(&rtx_ir::Shape, rtx_ir::DType)> = shapes.iter().zip(args).map(|(s, t)| (s, ir_dtype(t))).collect();
+    let mut u = Unifier::default();
+    match rtx_ir::infer(op, &info, &mut u) {
+        Ok((shape, _)) => shape
+            .iter()
+            .map(|d| d.as_known())
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| RtxError::Invalid(format!("{}: output shape is not concrete", op.name()))),
+        Err(e) => Err(match e.kind {
+            ShapeErrorKind::Mismatch { expected, found, .. } => RtxError::ShapeMismatch {
+                context: format!("`{}` argument {}", op.name(), e.arg),
+                expected: rtx_ir::fmt_shape(&expected),
+                found: rtx_ir::fmt_shape(&found),
+            },
+            _ => RtxError::Invalid(format!("{}: {}", op.name(), e)),
+        }),
+    }
+}
+
+fn f32s<'a>(t: &'a Tensor, op: &Op) -> Result<(&'a [f32], &'a Layout)> {
+    t.f32_parts(op.name())
+}
+
+fn ids(t: &Tensor, limit: usize, context: &str) -> Result<Vec<i64>> {
+    let v = t.to_vec_i64()?;
+    if let Some((index, &value)) = v.iter().enumerate().find(|(_, x)| **x < 0 || **x as usize >= limit) {
+        return Err(RtxError::IndexOutOfRange { context: context.to_string(), index, value, limit });
+    }
+    Ok(v)
+}
+
+fn label_error(e: cpu::LabelOutOfRange) -> RtxError {
+    RtxError::IndexOutOfRange { context: "cross_entropy labels".into(), index: e.index, value: e.label, limit: e.classes }
+}
+
+fn unary(op: &Op, x: &Tensor, u: UnaryOp) -> Result<Tensor> {
+    let (d, l) = f32s(x, op)?;
+    Ok(Tensor::from_kernel(cpu::unary(u, d, l), x.shape()))
+}
+
+fn binary(op: &Op, a: &Tensor, b: &Tensor, k: BinaryOp) -> Result<Tensor> {
+    let ((da, la), (db, lb)) = (f32s(a, op)?, f32s(b, op)?);
+    let (out, shape) = cpu::binary(k, da, la, db, lb);
+    Ok(Tensor::from_kernel(out, &shape))
+}
+
+fn reduce(op: &Op, x: &Tensor, k: ReduceOp, axes: &[usize], keepdim: bool) -> Result<Tensor> {
+    let (d, l) = f32s(x, op)?;
+    let (out, shape) = cpu::reduce(k, d, l, axes, keepdim);
+    Ok(Tensor::from_kernel(out, &shape))
+}
+
+/// `g` laid out with the reduced axes reinserted as size 1, then broadcast to `shape`.
+fn unreduce_layout(g: &Layout, shape: &[usize], axes: &[usize], keepdim: bool) -> Layout {
+    let mut l = g.clone();
+    if !keepdim {
+        let mut s = Vec::with_capacity(shape.len());
+        let mut st = Vec::with_capacity(shape.len());
+        let mut j = 0;
+        for i in 0..shape.len() {
+            if axes.contains(&i) {
+                s.push(1);
+                st.push(0);
+            } else {
+                s.push(g.shape[j]);
+                st.push(g.strides[j]);
+                j += 1;
+            }
+        }
+        l = Layout { shape: s, strides: st, offset: g.offset };
+    }
+    l.broadcast_to(shape)
+}
+
+/// Executes `op` on `args`. Leaves (`Input`, `Param`) are bound by the caller, not here.
+pub fn run_op(op: &Op, args: &[&Tensor], ctx: &mut Ctx) -> Result<Tensor> {
+    let out_shape = check_shapes(op, args)?;
+    let a = |i: usize| args[i];
+    Ok(match op {
+        Op::Input { name, .. } => return Err(RtxError::Invalid(format!("input `{name}` must be bound by the caller"))),
+        Op::Param { name, .. } => return Err(RtxError::Invalid(format!("parameter `{name}` must be bound by the caller"))),
+        Op::Const { value } => Tensor::scalar(*value as f32),
+        Op::Neg => unary(op, a(0), UnaryOp::Neg)?,
+        Op::Relu => unary(op, a(0), UnaryOp::Relu)?,
+        Op::Gelu => unary(op, a(0), UnaryOp::Gelu)?,
+        Op::Tanh => unary(op, a(0), UnaryOp::Tanh)?,
+        Op::Sigmoid => unary(op, a(0), UnaryOp::Sigmoid)?,
+        Op::Exp => unary(op, a(0), UnaryOp::Exp)?,
+        Op::Log => unary(op, a(0), UnaryOp::Log)?,
+        Op::Sqrt => unary(op, a(0), UnaryOp::Sqrt)?,
+        Op::PowScalar { exponent } => unary(op, a(0), UnaryOp::PowScalar(*exponent as f32))?,
+        Op::Add => binary(op, a(0), a(1), BinaryOp::Add)?,
+        Op::Sub => binary(op, a(0), a(1), BinaryOp::Sub)?,
+        Op::Mul => binary(op, a(0), a(1), BinaryOp::Mul)?,
+        Op::Div => binary(op, a(0), a(1), BinaryOp::Div)?,
+        Op::ReluGrad => binary(op, a(0), a(1), BinaryOp::ReluGrad)?,
+        Op::GeluGrad => binary(op, a(0), a(1), BinaryOp::GeluGrad)?,
+        Op::Sum { axes, keepdim } => reduce(op, a(0), ReduceOp::Sum, axes, *keepdim)?,
+        Op::Mean { axes, keepdim } => reduce(op, a(0), ReduceOp::Mean, axes, *keepdim)?,
+        Op::Max { axes, keepdim } => reduce(op, a(0), ReduceOp::Max, axes, *keepdim)?,
+        Op::MatMul => {
+            let ((da, la), (db, lb)) = (f32s(a(0), op)?, f32s(a(1), op)?);
+            let (out, shape) = cpu::matmul(da, la, db, lb);
+            Tensor::from_kernel(out, &shape)
+        }
+        Op::Softmax { axis } => {
+            let (d, l) = f32s(a(0), op)?;
+            Tensor::from_kernel(cpu::softmax(d, l, *axis), &out_shape)
+        }
+        Op::LogSoftmax { axis } => {
+            let (d, l) = f32s(a(0), op)?;
+            Tensor::from_kernel(cpu::log_softmax(d, l, *axis), &out_shape)
+        }
+        Op::SoftmaxGrad { axis } => {
+            let ((dy, ly), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
+            Tensor::from_kernel(cpu::softmax_grad(dy, ly, dg, lg, *axis), &out_shape)
+        }
+        Op::LogSoftmaxGrad { axis } => {
+            let ((dy, ly), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
+            Tensor::from_kernel(cpu::log_softmax_grad(dy, ly, dg, lg, *axis), &out_shape)
+        }
+        Op::CrossEntropy => {
+            let (d, l) = f32s(a(0), op)?;
+            let labels = a(1).to_vec_i64()?;
+            Tensor::scalar(cpu::cross_entropy(d, l, &labels).map_err(label_error)?)
+        }
+        Op::CrossEntropyGrad => {
+            let (d, l) = f32s(a(0), op)?;
+            let labels = a(1).to_vec_i64()?;
+            let g = a(2).item()?;
+            Tensor::from_kernel(cpu::cross_entropy_grad(d, l, &labels, g).map_err(label_error)?, &out_shape)
+        }
+        Op::Mse => {
+            let diff = binary(op, a(0), a(1), BinaryOp::Sub)?;
+            let sq = unary(op, &diff, UnaryOp::PowScalar(2.0))?;
+            let axes: Vec<usize> = (0..sq.rank()).collect();
+            reduce(op, &sq, ReduceOp::Mean, &axes, false)?
+        }
+        Op::Conv2d { stride, padding } => {
+            let ((dx, lx), (dw, lw)) = (f32s(a(0), op)?, f32s(a(1), op)?);
+            let (out, shape) = cpu::conv2d(dx, lx, dw, lw, *stride, *padding);
+            Tensor::from_kernel(out, &shape)
+        }
+        Op::Conv2dGradInput { stride, padding } => {
+            let ((dg, lg), (dw, lw)) = (f32s(a(0), op)?, f32s(a(1), op)?);
+            Tensor::from_kernel(cpu::conv2d_grad_input(dg, lg, dw, lw, a(2).shape(), *stride, *padding), &out_shape)
+        }
+        Op::Conv2dGradWeight { stride, padding } => {
+            let ((dx, lx), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
+            Tensor::from_kernel(cpu::conv2d_grad_weight(dx, lx, dg, lg, a(2).shape(), *stride, *padding), &out_shape)
+        }
+        Op::MaxPool2d { kernel, stride, padding } => {
+            let (d, l) = f32s(a(0), op)?;
+            let (out, shape) = cpu::max_pool2d(d, l, *kernel, *stride, *padding);
+            Tensor::from_kernel(out, &shape)
+        }
+        Op::MaxPool2dGrad { kernel, stride, padding } => {
+            let ((dx, lx), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
+            Tensor::from_kernel(cpu::max_pool2d_grad(dx, lx, dg, lg, *kernel, *stride, *padding), &out_shape)
+        }
+        Op::AvgPool2d { kernel, stride, padding } => {
+            let (d, l) = f32s(a(0), op)?;
+            let (out, shape) = cpu::avg_pool2d(d, l, *kernel, *stride, *padding);
+            Tensor::from_kernel(out, &shape)
+        }
+        Op::AvgPool2dGrad { kernel, stride, padding } => {
+            let (dg, lg) = f32s(a(1), op)?;
+            Tensor::from_kernel(cpu::avg_pool2d_grad(dg, lg, a(0).shape(), *kernel, *stride, *padding), &out_shape)
+        }
+        Op::Embedding => {
+            let (dt, lt) = f32s(a(0), op)?;
+            let ids = ids(a(1), a(0).shape()[0], "embedding ids")?;
+            Tensor::from_kernel(cpu::gather_rows(dt, lt, &ids), &out_shape)
+        }
+        Op::EmbeddingGrad => {
+            let (dg, lg) = f32s(a(0), op)?;
+            let vocab = a(2).shape()[0];
+            let ids = ids(a(1), vocab, "embedding ids")?;
+            Tensor::from_kernel(cpu::scatter_add_rows(dg, lg, &ids, vocab), &out_shape)
+        }
+        Op::DropoutMask { p } => {
+            if ctx.train && *p > 0.0 {
+                let seed = ctx.next_seed();
+                Tensor::from_kernel(cpu::dropout_mask(a(0).numel(), *p as f32, seed), &out_shape)
+            } else {
+                Tensor::full(&out_shape, 1.0)
+            }
+        }
+        Op::Reshape { .. } => a(0).reshape(&out_shape)?,
+        Op::Permute { perm } => a(0).with_layout(a(0).layout().permute(perm)),
+        Op::Narrow { axis, start, len } => a(0).with_layout(a(0).layout().narrow(*axis, *start, *len)),
+        Op::BroadcastTo => a(0).with_layout(a(0).layout().broadcast_to(&out_shape)),
+        Op::Concat { axis } => {
+            let parts: Vec<(&[f32], &Layout)> = args.iter().map(|t| f32s(t, op)).collect::<Result<_>>()?;
+            let (out, shape) = cpu::concat(&parts, *axis);
+            Tensor::from_kernel(out, &shape)
+        }
+        Op::PadNarrow { axis, start } => {
+            let (dg, lg) = f32s(a(0), op)?;
+            Tensor::from_kernel(cpu::pad_narrow(dg, lg, *axis, *start, a(1).shape()[*axis]), &out_shape)
+        }
+        Op::SumTo => {
+            let (dg, lg) = f32s(a(0), op)?;
+            Tensor::from_kernel(cpu::sum_to(dg, lg, &out_shape), &out_shape)
+        }
+        Op::MeanGrad { axes, keepdim } => {
+            let (dg, lg) = f32s(a(1), op)?;
+            let count: usize = axes.iter().map(|&i| out_shape[i]).product();
+            let l = unreduce_layout(lg, &out_shape, axes, *keepdim);
+            Tensor::from_kernel(cpu::unary(UnaryOp::MulScalar(1.0 / count.max(1) as f32), dg, &l), &out_shape)
+        }
+        Op::MaxGrad { axes, keepdim } => {
+            let ((dx, lx), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
+            Tensor::from_kernel(cpu::max_grad(dx, lx, dg, lg, axes, *keepdim), &out_shape)
+        }
+    })
+}
+
+/// A gradient as a contiguous tensor of the parameter's shape (backward values may be
+/// broadcast views).
+pub fn materialize(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    if g.shape() != shape {
+        return Err(RtxError::ShapeMismatch {
+            context: "gradient".into(),
+            expected: crate::tensor::fmt_dims(shape),
+            found: crate::tensor::fmt_dims(g.shape()),
+        });
+    }
+    Ok(g.contiguous())
+}

@@ -1,0 +1,196 @@
+//! Optimizers with PyTorch's update formulas (torch.optim.SGD, Adam, AdamW, default
+//! arguments as there). State is kept per parameter name.
+
+use crate::error::{Result, RtxError};
+use crate::module::{Grads, Module};
+use crate::tensor::{fmt_dims, Tensor};
+use std::collections::HashMap;
+
+pub trait Optimizer {
+    /// Updates every parameter that has a gradient in `grads`; others are left alone.
+    fn step<M: Module>(&mut self, model: &mut M, grads: &Grads) -> Result<()>;
+}
+
+/// Applies `update(name, param, grad)` to each parameter with a gradient.
+fn for_each_param<M: Module>(model: &mut M, grads: &Grads, mut update: impl FnMut(&str, &mut [f32], &[f32])) -> Result<()> {
+    let mut first_err = None;
+    model.visit_params_mut("", &mut |name, t| {
+        if first_err.is_some() {
+            return;
+        }
+        let Some(g) = grads.get(name) else { return };
+        if g.shape() != t.shape() {
+            first_err = Some(RtxError::ShapeMismatch {
+                context: format!("gradient of `{name}`"),
+                expected: fmt_dims(t.shape()),
+                found: fmt_dims(g.shape()),
+            });
+            return;
+        }
+        let (mut p, g) = match (t.to_vec_f32(), g.to_vec_f32()) {
+            (Ok(p), Ok(g)) => (p, g),
+            (Err(e), _) | (_, Err(e)) => {
+                first_err = Some(e);
+                return;
+            }
+        };
+        update(name, &mut p, &g);
+        match Tensor::from_vec(p, t.shape()) {
+            Ok(n) => *t = n,
+            Err(e) => first_err = Some(e),
+        }
+    });
+    first_err.map_or(Ok(()), Err)
+}
+
+/// torch.optim.SGD: momentum, dampening, Nesterov, L2 weight decay.
+#[derive(Clone, Debug)]
+pub struct Sgd {
+    pub lr: f32,
+    pub momentum: f32,
+    pub dampening: f32,
+    pub nesterov: bool,
+    pub weight_decay: f32,
+    buffers: HashMap<String, Vec<f32>>,
+}
+
+impl Sgd {
+    pub fn new(lr: f32) -> Sgd {
+        Sgd { lr, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0, buffers: HashMap::new() }
+    }
+    pub fn momentum(mut self, m: f32) -> Sgd {
+        self.momentum = m;
+        self
+    }
+    pub fn nesterov(mut self, on: bool) -> Sgd {
+        self.nesterov = on;
+        self
+    }
+    pub fn weight_decay(mut self, wd: f32) -> Sgd {
+        self.weight_decay = wd;
+        self
+    }
+    pub fn dampening(mut self, d: f32) -> Sgd {
+        self.dampening = d;
+        self
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step<M: Module>(&mut self, model: &mut M, grads: &Grads) -> Result<()> {
+        let s = self.clone();
+        let buffers = &mut self.buffers;
+        for_each_param(model, grads, |name, p, g| {
+            let mut d: Vec<f32> = g.iter().zip(p.iter()).map(|(g, p)| g + s.weight_decay * p).collect();
+            if s.momentum != 0.0 {
+                let buf = match buffers.get_mut(name) {
+                    Some(b) => {
+                        for (b, d) in b.iter_mut().zip(&d) {
+                            *b = s.momentum * *b + (1.0 - s.dampening) * d;
+                        }
+                        b
+                    }
+                    // PyTorch starts the buffer at the first gradient, undamped.
+                    None => buffers.entry(name.to_string()).or_insert_with(|| d.clone()),
+                };
+                if s.nesterov {
+                    for (d, b) in d.iter_mut().zip(buf.iter()) {
+                        *d += s.momentum * b;
+                    }
+                } else {
+                    d.copy_from_slice(buf);
+                }
+            }
+            for (p, d) in p.iter_mut().zip(&d) {
+                *p -= s.lr * d;
+            }
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+struct AdamState {
+    m: Vec<f32>,
+    v: Vec<f32>,
+    t: i32,
+}
+
+/// torch.optim.Adam (L2 weight decay added to the gradient) and, with `decoupled`, AdamW.
+#[derive(Clone, Debug)]
+pub struct Adam {
+    pub lr: f32,
+    pub betas: (f32, f32),
+    pub eps: f32,
+    pub weight_decay: f32,
+    decoupled: bool,
+    state: HashMap<String, AdamState>,
+}
+
+impl Adam {
+    /// Adam with PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, no weight decay.
+    pub fn new(lr: f32) -> Adam {
+        Adam { lr, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.0, decoupled: false, state: HashMap::new() }
+    }
+    pub fn betas(mut self, b1: f32, b2: f32) -> Adam {
+        self.betas = (b1, b2);
+        self
+    }
+    pub fn eps(mut self, eps: f32) -> Adam {
+        self.eps = eps;
+        self
+    }
+    pub fn weight_decay(mut self, wd: f32) -> Adam {
+        self.weight_decay = wd;
+        self
+    }
+}
+
+impl Optimizer for Adam {
+    fn step<M: Module>(&mut self, model: &mut M, grads: &Grads) -> Result<()> {
+        let (lr, (b1, b2), eps, wd, decoupled) = (self.lr, self.betas, self.eps, self.weight_decay, self.decoupled);
+        let state = &mut self.state;
+        for_each_param(model, grads, |name, p, g| {
+            let st = state.entry(name.to_string()).or_insert_with(|| AdamState { m: vec![0.0; p.len()], v: vec![0.0; p.len()], t: 0 });
+            st.t += 1;
+            let bc1 = 1.0 - b1.powi(st.t);
+            let bc2 = 1.0 - b2.powi(st.t);
+            for i in 0..p.len() {
+                let mut gi = g[i];
+                if decoupled {
+                    p[i] *= 1.0 - lr * wd;
+                } else {
+                    gi += wd * p[i];
+                }
+                st.m[i] = b1 * st.m[i] + (1.0 - b1) * gi;
+                st.v[i] = b2 * st.v[i] + (1.0 - b2) * gi * gi;
+                let denom = (st.v[i] / bc2).sqrt() + eps;
+                p[i] -= lr * (st.m[i] / bc1) / denom;
+            }
+        })
+    }
+}
+
+/// torch.optim.AdamW: decoupled weight decay, default 0.01.
+#[derive(Clone, Debug)]
+pub struct AdamW(Adam);
+
+impl AdamW {
+    pub fn new(lr: f32) -> AdamW {
+        AdamW(Adam { weight_decay: 0.01, decoupled: true, ..Adam::new(lr) })
+    }
+    pub fn betas(self, b1: f32, b2: f32) -> AdamW {
+        AdamW(self.0.betas(b1, b2))
+    }
+    pub fn eps(self, eps: f32) -> AdamW {
+        AdamW(self.0.eps(eps))
+    }
+    pub fn weight_decay(self, wd: f32) -> AdamW {
+        AdamW(self.0.weight_decay(wd))
+    }
+}
+
+impl Optimizer for AdamW {
+    fn step<M: Module>(&mut self, model: &mut M, grads: &Grads) -> Result<()> {
+        self.0.step(model, grads)
+    }
+}

@@ -1,0 +1,206 @@
+//! `Tensor`: a shared buffer and a layout over it.
+//!
+//! Cloning a tensor is cheap (the buffer is reference-counted) and views (permute, narrow,
+//! broadcast) share the buffer; kernels read any layout and write fresh contiguous buffers.
+
+use crate::error::{Result, RtxError};
+use rtx_backends::Layout;
+use rtx_backends::cpu;
+use std::fmt;
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    I64,
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "f32",
+            DType::I64 => "i64",
+        })
+    }
+}
+
+#[derive(Debug)]
+pub enum Storage {
+    F32(Vec<f32>),
+    I64(Vec<i64>),
+}
+
+#[derive(Clone)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    layout: Layout,
+}
+
+pub(crate) fn fmt_dims(shape: &[usize]) -> String {
+    let parts: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+fn check_len(len: usize, shape: &[usize], what: &str) -> Result<()> {
+    let numel: usize = shape.iter().product();
+    if len != numel {
+        return Err(RtxError::ShapeMismatch {
+            context: what.to_string(),
+            expected: format!("{} elements for shape {}", numel, fmt_dims(shape)),
+            found: format!("{len} elements"),
+        });
+    }
+    Ok(())
+}
+
+impl Tensor {
+    pub fn from_vec(data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
+        check_len(data.len(), shape, "Tensor::from_vec")?;
+        Ok(Tensor::from_parts(Storage::F32(data), Layout::contiguous(shape)))
+    }
+
+    pub fn from_i64(data: Vec<i64>, shape: &[usize]) -> Result<Tensor> {
+        check_len(data.len(), shape, "Tensor::from_i64")?;
+        Ok(Tensor::from_parts(Storage::I64(data), Layout::contiguous(shape)))
+    }
+
+    pub fn scalar(v: f32) -> Tensor {
+        Tensor::from_parts(Storage::F32(vec![v]), Layout::contiguous(&[]))
+    }
+
+    pub fn zeros(shape: &[usize]) -> Tensor {
+        Tensor::full(shape, 0.0)
+    }
+
+    pub fn full(shape: &[usize], v: f32) -> Tensor {
+        let n = shape.iter().product();
+        Tensor::from_parts(Storage::F32(vec![v; n]), Layout::contiguous(shape))
+    }
+
+    /// A fresh contiguous f32 tensor; the caller guarantees `data.len()` fits `shape`.
+    pub(crate) fn from_kernel(data: Vec<f32>, shape: &[usize]) -> Tensor {
+        Tensor::from_parts(Storage::F32(data), Layout::contiguous(shape))
+    }
+
+    pub(crate) fn from_parts(storage: Storage, layout: Layout) -> Tensor {
+        Tensor { storage: Arc::new(storage), layout }
+    }
+
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        Tensor { storage: self.storage.clone(), layout }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.layout.shape
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn rank(&self) -> usize {
+        self.layout.rank()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+
+    pub fn dtype(&self) -> DType {
+        match *self.storage {
+            Storage::F32(_) => DType::F32,
+            Storage::I64(_) => DType::I64,
+        }
+    }
+
+    /// The f32 buffer and layout, for kernels.
+    pub fn f32_parts(&self, context: &str) -> Result<(&[f32], &Layout)> {
+        match &*self.storage {
+            Storage::F32(v) => Ok((v, &self.layout)),
+            Storage::I64(_) => Err(RtxError::DTypeMismatch {
+                context: context.to_string(),
+                expected: "f32".into(),
+                found: "i64".into(),
+            }),
+        }
+    }
+
+    /// The elements in row-major order.
+    pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
+        let (d, l) = self.f32_parts("Tensor::to_vec_f32")?;
+        Ok(if l.is_contiguous() { d[l.offset..l.offset + l.numel()].to_vec() } else { cpu::to_contiguous(d, l) })
+    }
+
+    /// Integer elements in row-major order.
+    pub fn to_vec_i64(&self) -> Result<Vec<i64>> {
+        match &*self.storage {
+            Storage::I64(v) => Ok(self.layout.indices().map(|i| v[i]).collect()),
+            Storage::F32(_) => Err(RtxError::DTypeMismatch {
+                context: "Tensor::to_vec_i64".into(),
+                expected: "i64".into(),
+                found: "f32".into(),
+            }),
+        }
+    }
+
+    /// The value of a one-element tensor.
+    pub fn item(&self) -> Result<f32> {
+        if self.numel() != 1 {
+            return Err(RtxError::ShapeMismatch {
+                context: "Tensor::item".into(),
+                expected: "a tensor with one element".into(),
+                found: fmt_dims(self.shape()),
+            });
+        }
+        Ok(self.to_vec_f32()?[0])
+    }
+
+    /// Row-major copy if the layout is not contiguous, or a cheap clone.
+    pub fn contiguous(&self) -> Tensor {
+        if self.layout.is_contiguous() && self.layout.offset == 0 {
+            return self.clone();
+        }
+        match &*self.storage {
+            Storage::F32(d) => Tensor::from_kernel(cpu::to_contiguous(d, &self.layout), self.shape()),
+            Storage::I64(v) => Tensor::from_parts(
+                Storage::I64(self.layout.indices().map(|i| v[i]).collect()),
+                Layout::contiguous(self.shape()),
+            ),
+        }
+    }
+
+    /// The same elements under a new shape with the same element count.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        check_len(self.numel(), shape, "reshape")?;
+        let c = self.contiguous();
+        let mut layout = Layout::contiguous(shape);
+        layout.offset = c.layout.offset;
+        Ok(c.with_layout(layout))
+    }
+
+    /// Largest absolute difference to another f32 tensor of the same shape.
+    pub fn max_abs_diff(&self, other: &Tensor) -> Result<f32> {
+        if self.shape() != other.shape() {
+            return Err(RtxError::ShapeMismatch {
+                context: "max_abs_diff".into(),
+                expected: fmt_dims(self.shape()),
+                found: fmt_dims(other.shape()),
+            });
+        }
+        let (a, b) = (self.to_vec_f32()?, other.to_vec_f32()?);
+        Ok(a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max))
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({} {}", self.dtype(), fmt_dims(self.shape()))?;
+        if self.numel() <= 16 {
+            match self.dtype() {
+                DType::F32 => write!(f, " {:?}", self.to_vec_f32().unwrap_or_default())?,
+                DType::I64 => write!(f, " {:?}", self.to_vec_i64().unwrap_or_default())?,
+            }
+        }
+        write!(f, ")")
+    }
+}

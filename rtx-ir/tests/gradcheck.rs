@@ -1,0 +1,671 @@
+//! Every differentiable op's backward rule (autodiff.rs) checked against central finite
+//! differences of its float64 reference (reference.rs).
+//!
+//! Each test builds a small graph `loss = sum(op(inputs..) * R)` where `R` is a further input
+//! of random weights (so the output gradient reaching the op is not all ones and a transposed
+//! or misplaced gradient cannot pass), differentiates it, evaluates the whole graph with the
+//! reference and compares every input's derived gradient with
+//! `(loss(x + eps) - loss(x - eps)) / 2 eps`, element by element.
+
+use rtx_ir::reference::{self, Array, RefCtx};
+use rtx_ir::{differentiate, DType, Dim, Graph, NodeId, Op, Unifier};
+use std::collections::HashMap;
+
+/// Finite-difference step: small enough that the truncation error (eps^2 * f''') is ~1e-12,
+/// large enough that the rounding error (|loss| * 1e-16 / eps) stays ~1e-9.
+const EPS: f64 = 1e-6;
+/// Allowed |analytic - numeric|, relative to max(1, |analytic|, |numeric|).
+const TOL: f64 = 1e-6;
+
+/// splitmix64: a tiny deterministic generator, so failures reproduce exactly.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+fn known(shape: &[usize]) -> Vec<Dim> {
+    shape.iter().map(|&d| Dim::known(d)).collect()
+}
+
+/// A graph under construction, with the values of its leaves.
+struct Case {
+    graph: Graph,
+    u: Unifier,
+    inputs: Vec<Array>,
+    params: Vec<(String, Array)>,
+    rng: Rng,
+}
+
+impl Case {
+    fn new(seed: u64) -> Case {
+        Case { graph: Graph::default(), u: Unifier::default(), inputs: Vec::new(), params: Vec::new(), rng: Rng(seed) }
+    }
+
+    fn op(&mut self, op: Op, args: &[NodeId]) -> NodeId {
+        let name = op.name();
+        self.graph.push(op, args, &mut self.u).unwrap_or_else(|e| panic!("the shape rule rejected {name}: {e}"))
+    }
+
+    /// An input declared with `shape` (possibly symbolic) holding `value`.
+    fn input_declared(&mut self, shape: Vec<Dim>, value: Array, dtype: DType) -> NodeId {
+        let index = self.inputs.len();
+        self.inputs.push(value);
+        self.op(Op::Input { index, name: format!("x{index}"), shape, dtype }, &[])
+    }
+
+    fn input(&mut self, value: Array) -> NodeId {
+        let shape = known(&value.shape);
+        self.input_declared(shape, value, DType::F32)
+    }
+
+    fn param(&mut self, name: &str, value: Array) -> NodeId {
+        let shape = known(&value.shape);
+        self.params.push((name.to_string(), value));
+        self.op(Op::Param { name: name.to_string(), shape }, &[])
+    }
+
+    fn random_values(&mut self, shape: &[usize]) -> Array {
+        let n = shape.iter().product();
+        // Magnitudes in [0.1, 1.1] with a random sign: never zero, never near relu's kink.
+        let data = (0..n)
+            .map(|_| {
+                let m = 0.1 + self.rng.uniform();
+                if self.rng.uniform() < 0.5 { -m } else { m }
+            })
+            .collect();
+        Array::new(shape.to_vec(), data)
+    }
+
+    /// Random values in [0.1, 1.1] in magnitude, either sign.
+    fn random(&mut self, shape: &[usize]) -> NodeId {
+        let a = self.random_values(shape);
+        self.input(a)
+    }
+
+    /// Random values in [0.5, 2], for log, sqrt and fractional powers.
+    fn positive(&mut self, shape: &[usize]) -> NodeId {
+        let n = shape.iter().product();
+        let data = (0..n).map(|_| 0.5 + 1.5 * self.rng.uniform()).collect();
+        self.input(Array::new(shape.to_vec(), data))
+    }
+
+    /// Values 0.05 apart in shuffled order (none is 0): every max and max-pool window has a
+    /// unique winner with a margin far above EPS, so the max stays put under perturbation.
+    fn distinct(&mut self, shape: &[usize]) -> NodeId {
+        let n: usize = shape.iter().product();
+        let mut data: Vec<f64> = (0..n).map(|i| (i as f64 - n as f64 / 2.0 + 0.5) * 0.05).collect();
+        for i in (1..n).rev() {
+            let j = self.rng.below(i + 1);
+            data.swap(i, j);
+        }
+        self.input(Array::new(shape.to_vec(), data))
+    }
+
+    /// An integer input (labels, ids).
+    fn ints(&mut self, shape: &[usize], values: &[usize]) -> NodeId {
+        let a = Array::new(shape.to_vec(), values.iter().map(|&v| v as f64).collect());
+        self.input_declared(known(shape), a, DType::I64)
+    }
+
+    fn run(&self, graph: &Graph, inputs: &[Array], params: &[(String, Array)], train: bool) -> Vec<Array> {
+        let env = HashMap::new();
+        let ctx = RefCtx { env: &env, train, seed: 42 };
+        let lookup = |name: &str| params.iter().find(|(n, _)| n == name).map(|(_, a)| a.clone());
+        reference::run(graph, inputs, &lookup, &ctx).unwrap_or_else(|e| panic!("reference run failed: {e}\n{graph:#?}"))
+    }
+}
+
+/// Which leaf value a finite difference perturbs.
+#[derive(Clone, Copy, Debug)]
+enum Leaf {
+    Input(usize),
+    Param(usize),
+}
+
+fn check_grads(build: impl FnOnce(&mut Case) -> NodeId) {
+    check_grads_in(false, build)
+}
+
+/// Builds `out = build(case)`, appends `loss = sum(out * R)`, and checks the derived gradient
+/// of every float leaf against central differences, evaluating in training mode if `train`.
+fn check_grads_in(train: bool, build: impl FnOnce(&mut Case) -> NodeId) {
+    let mut case = Case::new(0x5EED_0000 + 17);
+    let out = build(&mut case);
+
+    // The weights take the output's declared (possibly symbolic) shape and its actual size.
+    let out_value = case.run(&case.graph, &case.inputs, &case.params, train)[out].clone();
+    let weights = case.random_values(&out_value.shape);
+    let declared = case.graph.node(out).shape.clone();
+    let r = case.input_declared(declared.clone(), weights, DType::F32);
+    let weighted = case.op(Op::Mul, &[out, r]);
+    let loss = case.op(Op::Sum { axes: (0..declared.len()).collect(), keepdim: false }, &[weighted]);
+
+    let forward = Graph { nodes: case.graph.nodes.clone() };
+    let grads = differentiate(&mut case.graph, loss).unwrap_or_else(|e| panic!("differentiate failed: {e}"));
+    let values = case.run(&case.graph, &case.inputs, &case.params, train);
+    let loss_at = |inputs: &[Array], params: &[(String, Array)]| case.run(&forward, inputs, params, train)[loss].data[0];
+    let base = values[loss].data[0];
+    assert_eq!(loss_at(&case.inputs, &case.params), base, "the forward part alone must reproduce the loss");
+
+    let float_leaves = forward
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::Input { .. } | Op::Param { .. }) && n.dtype == DType::F32)
+        .count();
+    assert_eq!(grads.len(), float_leaves, "differentiate must report a gradient for every float leaf");
+
+    for gof in &grads {
+        let (leaf, value) = match &forward.node(gof.leaf).op {
+            Op::Input { index, .. } => (Leaf::Input(*index), &case.inputs[*index]),
+            Op::Param { name, .. } => {
+                let i = case.params.iter().position(|(n, _)| n == name).expect("param value");
+                (Leaf::Param(i), &case.params[i].1)
+            }
+            other => panic!("gradient reported for a non-leaf {other:?}"),
+        };
+        // No gradient node means the loss does not depend on the leaf: the gradient is zero.
+        let analytic = match gof.grad {
+            Some(g) => values[g].clone(),
+            None => Array::new(value.shape.clone(), vec![0.0; value.data.len()]),
+        };
+        assert_eq!(analytic.shape, value.shape, "gradient of {leaf:?} has the wrong shape");
+        for j in 0..value.data.len() {
+            let at = |delta: f64| {
+                let (mut inputs, mut params) = (case.inputs.clone(), case.params.clone());
+                match leaf {
+                    Leaf::Input(i) => inputs[i].data[j] += delta,
+                    Leaf::Param(i) => params[i].1.data[j] += delta,
+                }
+                loss_at(&inputs, &params)
+            };
+            let numeric = (at(EPS) - at(-EPS)) / (2.0 * EPS);
+            let a = analytic.data[j];
+            let scale = 1f64.max(a.abs()).max(numeric.abs());
+            assert!(
+                (a - numeric).abs() <= TOL * scale,
+                "gradient of {leaf:?} element {j} (of shape {:?}): autodiff {a}, finite differences {numeric}\n{}",
+                value.shape,
+                listing(&case.graph, forward.len()),
+            );
+        }
+    }
+}
+
+/// One line per node, to read a failing graph.
+fn listing(graph: &Graph, forward_len: usize) -> String {
+    let mut s = String::new();
+    for (i, n) in graph.nodes.iter().enumerate() {
+        if i == forward_len {
+            s += "  -- backward --\n";
+        }
+        s += &format!("  %{i} = {}{:?} {:?}\n", n.op.name(), n.args, rtx_ir::fmt_shape(&n.shape));
+    }
+    s
+}
+
+// --- elementwise, one argument ------------------------------------------------------------
+
+fn unary_case(op: Op, positive: bool) {
+    check_grads(|c| {
+        let x = if positive { c.positive(&[3, 4]) } else { c.random(&[3, 4]) };
+        c.op(op, &[x])
+    })
+}
+
+#[test]
+fn neg_gradient_matches_finite_differences() {
+    unary_case(Op::Neg, false)
+}
+
+#[test]
+fn relu_gradient_matches_finite_differences() {
+    unary_case(Op::Relu, false)
+}
+
+#[test]
+fn gelu_gradient_matches_finite_differences() {
+    unary_case(Op::Gelu, false)
+}
+
+#[test]
+fn tanh_gradient_matches_finite_differences() {
+    unary_case(Op::Tanh, false)
+}
+
+#[test]
+fn sigmoid_gradient_matches_finite_differences() {
+    unary_case(Op::Sigmoid, false)
+}
+
+#[test]
+fn exp_gradient_matches_finite_differences() {
+    unary_case(Op::Exp, false)
+}
+
+#[test]
+fn log_of_positive_inputs_gradient_matches_finite_differences() {
+    unary_case(Op::Log, true)
+}
+
+#[test]
+fn sqrt_of_positive_inputs_gradient_matches_finite_differences() {
+    unary_case(Op::Sqrt, true)
+}
+
+#[test]
+fn pow_square_gradient_matches_finite_differences() {
+    unary_case(Op::PowScalar { exponent: 2.0 }, false)
+}
+
+#[test]
+fn pow_half_of_positive_inputs_gradient_matches_finite_differences() {
+    unary_case(Op::PowScalar { exponent: 0.5 }, true)
+}
+
+#[test]
+fn pow_cube_gradient_matches_finite_differences() {
+    unary_case(Op::PowScalar { exponent: 3.0 }, false)
+}
+
+// --- elementwise, two arguments -----------------------------------------------------------
+
+/// `op(a, b)`; with `broadcast` both operands are repeated: a [2, 1, 4] against b [3, 1].
+fn binary_case(op: Op, broadcast: bool) {
+    check_grads(|c| {
+        let (sa, sb): (&[usize], &[usize]) = if broadcast { (&[2, 1, 4], &[3, 1]) } else { (&[2, 3], &[2, 3]) };
+        let a = c.random(sa);
+        // A divisor in [0.5, 2] keeps a / b smooth.
+        let b = if matches!(op, Op::Div) { c.positive(sb) } else { c.random(sb) };
+        c.op(op, &[a, b])
+    })
+}
+
+#[test]
+fn add_gradient_matches_finite_differences() {
+    binary_case(Op::Add, false)
+}
+
+#[test]
+fn add_broadcast_gradient_matches_finite_differences() {
+    binary_case(Op::Add, true)
+}
+
+#[test]
+fn sub_gradient_matches_finite_differences() {
+    binary_case(Op::Sub, false)
+}
+
+#[test]
+fn sub_broadcast_gradient_matches_finite_differences() {
+    binary_case(Op::Sub, true)
+}
+
+#[test]
+fn mul_gradient_matches_finite_differences() {
+    binary_case(Op::Mul, false)
+}
+
+#[test]
+fn mul_broadcast_gradient_matches_finite_differences() {
+    binary_case(Op::Mul, true)
+}
+
+#[test]
+fn div_gradient_matches_finite_differences() {
+    binary_case(Op::Div, false)
+}
+
+#[test]
+fn div_broadcast_gradient_matches_finite_differences() {
+    binary_case(Op::Div, true)
+}
+
+#[test]
+fn same_input_on_two_paths_accumulates_gradients() {
+    // x * x + exp(x): three uses of x, whose gradients must be summed.
+    check_grads(|c| {
+        let x = c.random(&[2, 3]);
+        let sq = c.op(Op::Mul, &[x, x]);
+        let e = c.op(Op::Exp, &[x]);
+        c.op(Op::Add, &[sq, e])
+    })
+}
+
+// --- reductions ---------------------------------------------------------------------------
+
+/// A reduction of x [3, 4, 5] over `axes` (two axes: the non-adjacent 0 and 2).
+fn reduction_case(make: fn(Vec<usize>, bool) -> Op, axes: &[usize], keepdim: bool) {
+    check_grads(|c| {
+        // Distinct values so a max has one winner per group.
+        let x = c.distinct(&[3, 4, 5]);
+        c.op(make(axes.to_vec(), keepdim), &[x])
+    })
+}
+
+fn sum_op(axes: Vec<usize>, keepdim: bool) -> Op {
+    Op::Sum { axes, keepdim }
+}
+
+fn mean_op(axes: Vec<usize>, keepdim: bool) -> Op {
+    Op::Mean { axes, keepdim }
+}
+
+fn max_op(axes: Vec<usize>, keepdim: bool) -> Op {
+    Op::Max { axes, keepdim }
+}
+
+#[test]
+fn sum_over_one_axis_gradient_matches_finite_differences() {
+    reduction_case(sum_op, &[1], false)
+}
+
+#[test]
+fn sum_over_one_axis_keepdim_gradient_matches_finite_differences() {
+    reduction_case(sum_op, &[1], true)
+}
+
+#[test]
+fn sum_over_two_axes_gradient_matches_finite_differences() {
+    reduction_case(sum_op, &[0, 2], false)
+}
+
+#[test]
+fn sum_over_two_axes_keepdim_gradient_matches_finite_differences() {
+    reduction_case(sum_op, &[0, 2], true)
+}
+
+#[test]
+fn mean_over_one_axis_gradient_matches_finite_differences() {
+    reduction_case(mean_op, &[1], false)
+}
+
+#[test]
+fn mean_over_one_axis_keepdim_gradient_matches_finite_differences() {
+    reduction_case(mean_op, &[1], true)
+}
+
+#[test]
+fn mean_over_two_axes_gradient_matches_finite_differences() {
+    reduction_case(mean_op, &[0, 2], false)
+}
+
+#[test]
+fn mean_over_two_axes_keepdim_gradient_matches_finite_differences() {
+    reduction_case(mean_op, &[0, 2], true)
+}
+
+#[test]
+fn max_over_one_axis_gradient_matches_finite_differences() {
+    reduction_case(max_op, &[1], false)
+}
+
+#[test]
+fn max_over_one_axis_keepdim_gradient_matches_finite_differences() {
+    reduction_case(max_op, &[1], true)
+}
+
+#[test]
+fn max_over_two_axes_gradient_matches_finite_differences() {
+    reduction_case(max_op, &[0, 2], false)
+}
+
+#[test]
+fn max_over_two_axes_keepdim_gradient_matches_finite_differences() {
+    reduction_case(max_op, &[0, 2], true)
+}
+
+// --- linear algebra, nn -------------------------------------------------------------------
+
+fn matmul_case(sa: &[usize], sb: &[usize]) {
+    check_grads(|c| {
+        let a = c.random(sa);
+        let b = c.random(sb);
+        c.op(Op::MatMul, &[a, b])
+    })
+}
+
+#[test]
+fn matmul_gradient_matches_finite_differences() {
+    matmul_case(&[3, 4], &[4, 5])
+}
+
+#[test]
+fn matmul_batched_gradient_matches_finite_differences() {
+    matmul_case(&[2, 3, 4], &[2, 4, 5])
+}
+
+#[test]
+fn matmul_batched_broadcast_gradient_matches_finite_differences() {
+    // Batch dims [2, 1] against [3]: both operands are repeated over the batch.
+    matmul_case(&[2, 1, 3, 4], &[3, 4, 2])
+}
+
+#[test]
+fn matmul_batch_times_shared_matrix_gradient_matches_finite_differences() {
+    // A linear layer over a batch: the matrix's gradient is summed over the batch.
+    matmul_case(&[2, 3, 4], &[4, 5])
+}
+
+fn softmax_case(log: bool, axis: usize) {
+    check_grads(|c| {
+        let x = c.random(&[2, 3, 4]);
+        c.op(if log { Op::LogSoftmax { axis } } else { Op::Softmax { axis } }, &[x])
+    })
+}
+
+#[test]
+fn softmax_over_last_axis_gradient_matches_finite_differences() {
+    softmax_case(false, 2)
+}
+
+#[test]
+fn softmax_over_middle_axis_gradient_matches_finite_differences() {
+    softmax_case(false, 1)
+}
+
+#[test]
+fn log_softmax_over_last_axis_gradient_matches_finite_differences() {
+    softmax_case(true, 2)
+}
+
+#[test]
+fn log_softmax_over_middle_axis_gradient_matches_finite_differences() {
+    softmax_case(true, 1)
+}
+
+#[test]
+fn cross_entropy_gradient_wrt_logits_matches_finite_differences() {
+    check_grads(|c| {
+        let logits = c.random(&[4, 5]);
+        let labels = c.ints(&[4], &[2, 0, 4, 2]);
+        c.op(Op::CrossEntropy, &[logits, labels])
+    })
+}
+
+#[test]
+fn mse_gradient_wrt_both_arguments_matches_finite_differences() {
+    check_grads(|c| {
+        let a = c.random(&[3, 4]);
+        let b = c.random(&[3, 4]);
+        c.op(Op::Mse, &[a, b])
+    })
+}
+
+fn conv_case(x: &[usize], w: &[usize], stride: usize, padding: usize) {
+    check_grads(|c| {
+        let x = c.random(x);
+        let w = c.random(w);
+        c.op(Op::Conv2d { stride: [stride; 2], padding: [padding; 2] }, &[x, w])
+    })
+}
+
+#[test]
+fn conv2d_stride1_pad0_gradient_wrt_input_and_weight_matches_finite_differences() {
+    conv_case(&[2, 3, 5, 5], &[4, 3, 3, 3], 1, 0)
+}
+
+#[test]
+fn conv2d_stride2_pad1_gradient_wrt_input_and_weight_matches_finite_differences() {
+    // 6x5 input, 3x2 kernel: uneven sizes catch swapped height/width.
+    check_grads(|c| {
+        let x = c.random(&[2, 2, 6, 5]);
+        let w = c.random(&[3, 2, 3, 2]);
+        c.op(Op::Conv2d { stride: [2, 2], padding: [1, 1] }, &[x, w])
+    })
+}
+
+#[test]
+fn conv2d_stride2_pad1_square_gradient_matches_finite_differences() {
+    conv_case(&[1, 3, 5, 5], &[2, 3, 3, 3], 2, 1)
+}
+
+fn pool_case(max: bool, shape: &[usize], k: usize, s: usize, p: usize) {
+    check_grads(|c| {
+        let x = if max { c.distinct(shape) } else { c.random(shape) };
+        let (kernel, stride, padding) = ([k; 2], [s; 2], [p; 2]);
+        c.op(if max { Op::MaxPool2d { kernel, stride, padding } } else { Op::AvgPool2d { kernel, stride, padding } }, &[x])
+    })
+}
+
+#[test]
+fn max_pool2d_k2_s2_gradient_matches_finite_differences() {
+    pool_case(true, &[2, 2, 4, 4], 2, 2, 0)
+}
+
+#[test]
+fn max_pool2d_k3_s2_p1_overlapping_windows_gradient_matches_finite_differences() {
+    pool_case(true, &[1, 2, 5, 5], 3, 2, 1)
+}
+
+#[test]
+fn avg_pool2d_k2_s2_gradient_matches_finite_differences() {
+    pool_case(false, &[2, 2, 4, 4], 2, 2, 0)
+}
+
+#[test]
+fn avg_pool2d_k3_s2_p1_overlapping_windows_gradient_matches_finite_differences() {
+    pool_case(false, &[1, 2, 5, 5], 3, 2, 1)
+}
+
+#[test]
+fn embedding_gradient_wrt_table_accumulates_repeated_ids() {
+    check_grads(|c| {
+        let table = c.random(&[5, 3]);
+        // Ids 1 and 4 repeat, 2 and 3 are never looked up (zero gradient rows).
+        let ids = c.ints(&[2, 3], &[1, 4, 1, 0, 4, 4]);
+        c.op(Op::Embedding, &[table, ids])
+    })
+}
+
+#[test]
+fn dropout_in_training_gradient_flows_through_kept_elements_only() {
+    check_grads_in(true, |c| {
+        let x = c.random(&[4, 5]);
+        let mask = c.op(Op::DropoutMask { p: 0.4 }, &[x]);
+        c.op(Op::Mul, &[x, mask])
+    })
+}
+
+// --- layout -------------------------------------------------------------------------------
+
+#[test]
+fn reshape_gradient_matches_finite_differences() {
+    check_grads(|c| {
+        let x = c.random(&[2, 3, 4]);
+        c.op(Op::Reshape { shape: known(&[4, 6]) }, &[x])
+    })
+}
+
+#[test]
+fn reshape_with_symbolic_batch_gradient_matches_finite_differences() {
+    // B is bound from the input's actual size when the graph runs.
+    check_grads(|c| {
+        let b = Dim::sym("B");
+        let value = c.random_values(&[2, 12]);
+        let x = c.input_declared(vec![b.clone(), Dim::known(12)], value, DType::F32);
+        c.op(Op::Reshape { shape: vec![b, Dim::known(3), Dim::known(4)] }, &[x])
+    })
+}
+
+#[test]
+fn permute_gradient_matches_finite_differences() {
+    check_grads(|c| {
+        let x = c.random(&[2, 3, 4]);
+        c.op(Op::Permute { perm: vec![2, 0, 1] }, &[x])
+    })
+}
+
+#[test]
+fn concat_axis0_gradient_wrt_each_input_matches_finite_differences() {
+    check_grads(|c| {
+        let a = c.random(&[2, 3]);
+        let b = c.random(&[3, 3]);
+        c.op(Op::Concat { axis: 0 }, &[a, b])
+    })
+}
+
+#[test]
+fn concat_axis1_gradient_wrt_each_input_matches_finite_differences() {
+    check_grads(|c| {
+        let a = c.random(&[2, 3]);
+        let b = c.random(&[2, 1]);
+        let d = c.random(&[2, 2]);
+        c.op(Op::Concat { axis: 1 }, &[a, b, d])
+    })
+}
+
+#[test]
+fn narrow_gradient_matches_finite_differences() {
+    check_grads(|c| {
+        let x = c.random(&[3, 5, 2]);
+        c.op(Op::Narrow { axis: 1, start: 1, len: 3 }, &[x])
+    })
+}
+
+#[test]
+fn broadcast_to_gradient_matches_finite_differences() {
+    // The shape witness `like` gets no gradient; finite differences confirm it is zero.
+    check_grads(|c| {
+        let x = c.random(&[3, 1]);
+        let like = c.random(&[2, 3, 4]);
+        c.op(Op::BroadcastTo, &[x, like])
+    })
+}
+
+// --- a whole model ------------------------------------------------------------------------
+
+#[test]
+fn mlp_with_params_and_cross_entropy_gradient_matches_finite_differences() {
+    // relu(x @ w1 + b1) @ w2 + b2 -> cross_entropy: parameters, broadcast bias, shared paths.
+    check_grads(|c| {
+        let x = c.random(&[4, 3]);
+        let w1 = c.random_values(&[3, 5]);
+        let w1 = c.param("fc1.weight", w1);
+        let b1 = c.random_values(&[5]);
+        let b1 = c.param("fc1.bias", b1);
+        let w2 = c.random_values(&[5, 2]);
+        let w2 = c.param("fc2.weight", w2);
+        let h = c.op(Op::MatMul, &[x, w1]);
+        let h = c.op(Op::Add, &[h, b1]);
+        let h = c.op(Op::Relu, &[h]);
+        let logits = c.op(Op::MatMul, &[h, w2]);
+        let labels = c.ints(&[4], &[1, 0, 0, 1]);
+        c.op(Op::CrossEntropy, &[logits, labels])
+    })
+}

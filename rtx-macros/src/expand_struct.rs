@@ -1,0 +1,46 @@
+//! `#[model]` on a struct: the `Module` impl (seeded init, parameter visitors) and the hidden
+//! callback macro that hands the struct's definition to its `#[model] impl`.
+
+use crate::internals::ast::ModelStruct;
+use crate::internals::ctxt::Ctxt;
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote};
+use std::collections::HashMap;
+
+pub fn expand(item: syn::ItemStruct) -> syn::Result<TokenStream> {
+    let cx = Ctxt::new();
+    let model = ModelStruct::from_item(&item, &HashMap::new(), &cx);
+    cx.check()?;
+    let name = &item.ident;
+    let (impl_g, ty_g, where_g) = item.generics.split_for_impl();
+    let fields: Vec<&syn::Ident> = model.fields.iter().map(|f| &f.name).collect();
+    let tys: Vec<&syn::Type> = model.fields.iter().map(|f| &f.ty).collect();
+    let names: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
+    let callback = format_ident!("__rtx_model_{}", name);
+    Ok(quote! {
+        #item
+
+        impl #impl_g ::rtx_core::Module for #name #ty_g #where_g {
+            fn init_with(rng: &mut ::rtx_core::Rng) -> Self {
+                Self { #( #fields: <#tys as ::rtx_core::Module>::init_with(rng), )* }
+            }
+            fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &::rtx_core::Tensor)) {
+                #( ::rtx_core::Module::visit_params(&self.#fields, &::rtx_core::join_name(prefix, #names), f); )*
+            }
+            fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut ::rtx_core::Tensor)) {
+                #( ::rtx_core::Module::visit_params_mut(&mut self.#fields, &::rtx_core::join_name(prefix, #names), f); )*
+            }
+        }
+
+        // The struct's definition, for the `#[model] impl` that holds its graph: a macro
+        // sees one item, so the impl's expansion calls back here to read the fields.
+        #[doc(hidden)]
+        #[allow(unused_macros)]
+        macro_rules! #callback {
+            ($($rest:tt)*) => { ::rtx_core::__model_impl! { @struct { #item } $($rest)* } };
+        }
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        pub(crate) use #callback;
+    })
+}

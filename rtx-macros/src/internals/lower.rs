@@ -1,0 +1,872 @@
+//! Lowers a graph function's body to the IR, running every op's shape rule as it goes.
+//!
+//! Each error names the op, the expected and found shapes, and spans the user's
+//! sub-expression; lowering continues after an error so one expansion reports them all.
+//! Calls to other graph functions and to nested `#[model]` fields are inlined, so the whole
+//! model is one graph to differentiate.
+
+use super::ast::{dim_from_expr, ElemType, FieldKind, GraphDef, GraphFnDef, ModelStruct};
+use super::ctxt::Ctxt;
+use proc_macro2::TokenStream;
+use quote::{quote, ToTokens};
+use rtx_ir::{fmt_shape, Dim, DType, Graph, NodeId, Op, Shape, ShapeError, ShapeErrorKind, Unifier};
+use std::collections::HashMap;
+
+/// A nested model's definition, delivered by its callback macro.
+#[derive(Clone)]
+pub struct NestedModel {
+    pub item: syn::ItemStruct,
+    pub graph: GraphDef,
+}
+
+/// A parameter the graph reads, and where it lives in the model struct.
+#[derive(Clone, Debug)]
+pub struct ParamRef {
+    pub name: String,
+    /// Rust field path from `self` to the tensor: `["fc1", "weight"]`.
+    pub access: Vec<String>,
+    pub node: NodeId,
+}
+
+/// A generic-dimension equality rustc must prove: (found, expected, where).
+pub struct Obligation {
+    pub found: Dim,
+    pub expected: Dim,
+    pub tokens: TokenStream,
+}
+
+pub struct Lowerer<'a> {
+    pub cx: &'a Ctxt,
+    pub graph: Graph,
+    pub u: Unifier,
+    pub params: Vec<ParamRef>,
+    pub obligations: Vec<Obligation>,
+    pub nested: &'a HashMap<String, NestedModel>,
+    /// Function names on the inlining stack, to reject recursion.
+    stack: Vec<String>,
+}
+
+/// Where names resolve while lowering one function body.
+struct Scope<'s> {
+    model: &'s ModelStruct,
+    fns: &'s [GraphFnDef],
+    /// Field path from the top model to this one (`["enc"]`).
+    prefix: Vec<String>,
+    /// Symbolic dims and nested generic params, resolved to the caller's dims.
+    env: HashMap<String, Dim>,
+    symbols: Vec<syn::Ident>,
+    vars: HashMap<String, NodeId>,
+}
+
+const OPS_HELP: &str = "available ops: relu, gelu, tanh, sigmoid, exp, log, sqrt, neg, pow, matmul, sum, mean, max, softmax, log_softmax, cross_entropy, mse, reshape, flatten, transpose, permute, concat, narrow, max_pool2d, avg_pool2d, dropout; layers are called as `self.field(x)`";
+
+fn join(prefix: &[String], name: &str) -> String {
+    let mut v = prefix.to_vec();
+    v.push(name.to_string());
+    v.join(".")
+}
+
+impl<'a> Lowerer<'a> {
+    pub fn new(cx: &'a Ctxt, nested: &'a HashMap<String, NestedModel>) -> Lowerer<'a> {
+        Lowerer { cx, graph: Graph::default(), u: Unifier::default(), params: Vec::new(), obligations: Vec::new(), nested, stack: Vec::new() }
+    }
+
+    fn shape(&self, n: NodeId) -> &Shape {
+        &self.graph.node(n).shape
+    }
+
+    /// Pushes an op; on a shape error reports it at the argument at fault (or the whole call).
+    fn push(&mut self, op: Op, args: &[NodeId], callsite: &str, whole: &dyn ToTokens, arg_tokens: &[&dyn ToTokens]) -> Option<NodeId> {
+        let before = self.u.obligations.len();
+        match self.graph.push_shared(op, args, &mut self.u) {
+            Ok(id) => {
+                let new: Vec<(Dim, Dim)> = self.u.obligations.drain(before..).collect();
+                for (a, b) in new {
+                    self.obligations.push(Obligation { found: b, expected: a, tokens: whole.to_token_stream() });
+                }
+                Some(id)
+            }
+            Err(e) => {
+                let at: &dyn ToTokens = arg_tokens.get(e.arg).copied().unwrap_or(whole);
+                self.cx.error_spanned_by(at.to_token_stream(), message(callsite, &e));
+                None
+            }
+        }
+    }
+
+    fn konst(&mut self, v: f64) -> NodeId {
+        // A scalar constant has no shape constraint to fail.
+        self.graph.push_shared(Op::Const { value: v }, &[], &mut self.u).unwrap_or(0)
+    }
+
+    fn param(&mut self, name: String, access: Vec<String>, shape: Shape) -> NodeId {
+        if let Some(p) = self.params.iter().find(|p| p.name == name) {
+            return p.node;
+        }
+        let node = self.graph.push(Op::Param { name: name.clone(), shape }, &[], &mut self.u).unwrap_or(0);
+        self.params.push(ParamRef { name, access, node });
+        node
+    }
+
+    /// Lowers the top-level function `f` of `model`; returns (output node, inputs).
+    pub fn lower_fn(&mut self, model: &ModelStruct, graph: &GraphDef, f: &GraphFnDef) -> Option<NodeId> {
+        let mut sc = Scope { model, fns: &graph.fns, prefix: Vec::new(), env: HashMap::new(), symbols: f.symbols.clone(), vars: HashMap::new() };
+        let mut ok = true;
+        for (index, inp) in f.inputs.iter().enumerate() {
+            let mut shape = Vec::new();
+            for d in &inp.dims {
+                match dim_from_expr(d, &f.symbols, &model.const_params, &sc.env) {
+                    Ok(d) => shape.push(d),
+                    Err(e) => {
+                        self.cx.syn_error(e);
+                        ok = false;
+                    }
+                }
+            }
+            let dtype = if inp.dtype == ElemType::I64 { DType::I64 } else { DType::F32 };
+            let node = self.graph.push(Op::Input { index, name: inp.name.to_string(), shape, dtype }, &[], &mut self.u).ok()?;
+            sc.vars.insert(inp.name.to_string(), node);
+        }
+        let declared = self.declared_output(f, &sc);
+        if !ok {
+            return None;
+        }
+        self.stack.push(f.name.to_string());
+        let out = self.lower_block(&mut sc, &f.body);
+        self.stack.pop();
+        let out = out?;
+        let declared = declared?;
+        let found = self.shape(out).clone();
+        let same = declared.len() == found.len() && declared.iter().zip(&found).all(|(d, g)| self.u.same(d, g));
+        if !same {
+            let tail = block_tail(&f.body);
+            self.cx.error_spanned_by(
+                tail,
+                format!(
+                    "shape mismatch in the result of `{}`: the signature declares {}, the body computes {}\n\n= help: change the declared output shape after `->`, or the last expression",
+                    f.name,
+                    fmt_shape(&declared),
+                    fmt_shape(&found)
+                ),
+            );
+            return None;
+        }
+        Some(out)
+    }
+
+    fn declared_output(&mut self, f: &GraphFnDef, sc: &Scope) -> Option<Shape> {
+        let mut shape = Vec::new();
+        for d in &f.output {
+            match dim_from_expr(d, &f.symbols, &sc.model.const_params, &sc.env) {
+                Ok(d) => shape.push(d),
+                Err(e) => {
+                    self.cx.syn_error(e);
+                    return None;
+                }
+            }
+        }
+        Some(shape)
+    }
+
+    fn lower_block(&mut self, sc: &mut Scope, block: &syn::Block) -> Option<NodeId> {
+        let mut last = None;
+        let mut failed = false;
+        for (i, stmt) in block.stmts.iter().enumerate() {
+            match stmt {
+                syn::Stmt::Local(local) => {
+                    let syn::Pat::Ident(pi) = &local.pat else {
+                        self.cx.error_spanned_by(&local.pat, "graph! supports only `let name = expr;`");
+                        failed = true;
+                        continue;
+                    };
+                    let Some(init) = &local.init else {
+                        self.cx.error_spanned_by(local, "a `let` in graph! needs a value");
+                        failed = true;
+                        continue;
+                    };
+                    match self.lower_expr(sc, &init.expr) {
+                        Some(n) => {
+                            sc.vars.insert(pi.ident.to_string(), n);
+                        }
+                        None => failed = true,
+                    }
+                }
+                syn::Stmt::Expr(e, None) if i + 1 == block.stmts.len() => last = self.lower_expr(sc, e),
+                other => {
+                    self.cx.error_spanned_by(other, "graph! bodies hold `let` bindings and end with the result expression");
+                    failed = true;
+                }
+            }
+        }
+        if last.is_none() && !failed && !self.cx.has_errors() {
+            self.cx.error_spanned_by(block, "a graph function must end with an expression (its result)");
+        }
+        if failed { None } else { last }
+    }
+
+    fn lower_expr(&mut self, sc: &mut Scope, e: &syn::Expr) -> Option<NodeId> {
+        match e {
+            syn::Expr::Paren(p) => self.lower_expr(sc, &p.expr),
+            syn::Expr::Group(g) => self.lower_expr(sc, &g.expr),
+            syn::Expr::Path(p) => {
+                let name = p.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
+                match sc.vars.get(&name) {
+                    Some(&n) => Some(n),
+                    None => {
+                        let mut known: Vec<&String> = sc.vars.keys().collect();
+                        known.sort();
+                        let known: Vec<String> = known.iter().map(|k| format!("`{k}`")).collect();
+                        self.cx.error_spanned_by(
+                            e,
+                            format!("unknown variable `{}` in graph!\n\n= help: the values in scope are {}", p.to_token_stream(), known.join(", ")),
+                        );
+                        None
+                    }
+                }
+            }
+            syn::Expr::Lit(l) => match &l.lit {
+                syn::Lit::Float(f) => f.base10_parse::<f64>().ok().map(|v| self.konst(v)),
+                syn::Lit::Int(i) => i.base10_parse::<f64>().ok().map(|v| self.konst(v)),
+                _ => {
+                    self.cx.error_spanned_by(e, "only numeric constants are allowed in graph!");
+                    None
+                }
+            },
+            syn::Expr::Unary(u) if matches!(u.op, syn::UnOp::Neg(_)) => {
+                if let Some(v) = literal(&u.expr) {
+                    return Some(self.konst(-v));
+                }
+                let x = self.lower_expr(sc, &u.expr)?;
+                self.push(Op::Neg, &[x], "-x", e, &[&u.expr])
+            }
+            syn::Expr::Binary(b) => {
+                let (op, sym) = match b.op {
+                    syn::BinOp::Add(_) => (Op::Add, "+"),
+                    syn::BinOp::Sub(_) => (Op::Sub, "-"),
+                    syn::BinOp::Mul(_) => (Op::Mul, "*"),
+                    syn::BinOp::Div(_) => (Op::Div, "/"),
+                    _ => {
+                        self.cx.error_spanned_by(b.op, "graph! supports the operators `+`, `-`, `*` and `/`");
+                        return None;
+                    }
+                };
+                let l = self.lower_expr(sc, &b.left);
+                let r = self.lower_expr(sc, &b.right);
+                let (l, r) = (l?, r?);
+                let callsite = format!("a {sym} b");
+                self.push(op, &[l, r], &callsite, e, &[e, e])
+            }
+            syn::Expr::Field(f) if is_self(&f.base) => {
+                let name = member_name(&f.member);
+                match sc.model.field(&name).map(|fl| fl.kind.clone()) {
+                    Some(FieldKind::Param { shape }) => {
+                        let full = join(&sc.prefix, &name);
+                        let mut access = sc.prefix.clone();
+                        access.extend([name, "value".to_string()]);
+                        Some(self.param(full, access, shape))
+                    }
+                    Some(_) => {
+                        self.cx.error_spanned_by(e, format!("`self.{name}` is a layer; call it: `self.{name}(x)`"));
+                        None
+                    }
+                    None => {
+                        self.unknown_field(sc, e, &name);
+                        None
+                    }
+                }
+            }
+            syn::Expr::MethodCall(m) => self.lower_method(sc, m, e),
+            syn::Expr::Call(c) => self.lower_call(sc, c, e),
+            _ => {
+                self.cx.error_spanned_by(e, "unsupported expression in graph!: use op calls, layer calls, `+ - * /`, numbers and `let` bindings");
+                None
+            }
+        }
+    }
+
+    fn unknown_field(&self, sc: &Scope, e: &dyn ToTokens, name: &str) {
+        let fields: Vec<String> = sc.model.fields.iter().map(|f| format!("`{}`", f.name)).collect();
+        self.cx.error_spanned_by(
+            e.to_token_stream(),
+            format!(
+                "`{}` has no field or graph function `{name}`\n\n= help: its fields are {}",
+                sc.model.name,
+                if fields.is_empty() { "none".to_string() } else { fields.join(", ") }
+            ),
+        );
+    }
+
+    fn lower_method(&mut self, sc: &mut Scope, m: &syn::ExprMethodCall, e: &syn::Expr) -> Option<NodeId> {
+        let method = m.method.to_string();
+        // self.field(x) or self.graph_fn(x..)
+        if is_self(&m.receiver) {
+            let args: Vec<Option<NodeId>> = m.args.iter().map(|a| self.lower_expr(sc, a)).collect();
+            let args: Vec<NodeId> = args.into_iter().collect::<Option<_>>()?;
+            if let Some(field) = sc.model.field(&method).cloned() {
+                return self.layer_call(sc, &field.kind, &method, &args, m, e);
+            }
+            if let Some(f) = sc.fns.iter().find(|f| f.name == method) {
+                let f = f.clone();
+                let (model, fns, prefix, env) = (sc.model, sc.fns, sc.prefix.clone(), sc.env.clone());
+                return self.inline_call(model, fns, prefix, env, &f, &args, &format!("self.{method}(..)"), m);
+            }
+            self.unknown_field(sc, &m.method, &method);
+            return None;
+        }
+        // self.nested.graph_fn(x..)
+        if let syn::Expr::Field(f) = &*m.receiver {
+            if is_self(&f.base) {
+                let name = member_name(&f.member);
+                let Some(field) = sc.model.field(&name).cloned() else {
+                    self.unknown_field(sc, &f.member, &name);
+                    return None;
+                };
+                let args: Vec<Option<NodeId>> = m.args.iter().map(|a| self.lower_expr(sc, a)).collect();
+                let args: Vec<NodeId> = args.into_iter().collect::<Option<_>>()?;
+                return self.nested_call(sc, &field.kind, &name, &method, &args, m);
+            }
+        }
+        self.cx.error_spanned_by(e, format!("unknown method `.{method}()` in graph!: ops are written as functions, e.g. `{method}(x)`"));
+        None
+    }
+
+    fn layer_call(&mut self, sc: &mut Scope, kind: &FieldKind, field: &str, args: &[NodeId], m: &syn::ExprMethodCall, e: &syn::Expr) -> Option<NodeId> {
+        let callsite = format!("self.{field}(..)");
+        let arg_tok: Vec<&dyn ToTokens> = m.args.iter().map(|a| a as &dyn ToTokens).collect();
+        let want_args = |me: &Self, n: usize| {
+            if args.len() != n {
+                me.cx.error_spanned_by(e, format!("`{callsite}` takes {n} argument(s), found {}", args.len()));
+                return false;
+            }
+            true
+        };
+        let pname = |p: &str| join(&sc.prefix, &format!("{field}.{p}"));
+        let access = |p: &str| {
+            let mut a = sc.prefix.clone();
+            a.extend([field.to_string(), p.to_string()]);
+            a
+        };
+        match kind {
+            FieldKind::Linear { inp, out } => {
+                if !want_args(self, 1) {
+                    return None;
+                }
+                let x = args[0];
+                let xs = self.shape(x).clone();
+                if xs.len() < 2 {
+                    self.cx.error_spanned_by(arg_tok[0].to_token_stream(), format!("shape mismatch in `{callsite}`: expected [N, {inp}] or a higher-rank input ending in {inp}, found {}", fmt_shape(&xs)));
+                    return None;
+                }
+                let last = xs[xs.len() - 1].clone();
+                if !self.same_or_oblige(&last, inp, arg_tok[0]) {
+                    let mut expected = xs.clone();
+                    let n = expected.len();
+                    expected[n - 1] = inp.clone();
+                    let err = ShapeError { arg: 0, kind: ShapeErrorKind::Mismatch { expected, found: xs, axis: Some(n - 1) }, help: Some(format!("`self.{field}` is a Linear with {inp} inputs; its input's last dimension is {last}")) };
+                    self.cx.error_spanned_by(arg_tok[0].to_token_stream(), message(&callsite, &err));
+                    return None;
+                }
+                let w = self.param(pname("weight"), access("weight"), vec![out.clone(), inp.clone()]);
+                let b = self.param(pname("bias"), access("bias"), vec![out.clone()]);
+                let wt = self.push(Op::Permute { perm: vec![1, 0] }, &[w], &callsite, e, &[])?;
+                let y = self.push(Op::MatMul, &[x, wt], &callsite, e, &[arg_tok[0], e])?;
+                self.push(Op::Add, &[y, b], &callsite, e, &[e, e])
+            }
+            FieldKind::Conv2d { c_in, c_out, k, stride, pad } => {
+                if !want_args(self, 1) {
+                    return None;
+                }
+                let w = self.param(pname("weight"), access("weight"), vec![c_out.clone(), c_in.clone(), k.clone(), k.clone()]);
+                let b = self.param(pname("bias"), access("bias"), vec![c_out.clone()]);
+                let y = self.push(Op::Conv2d { stride: [*stride; 2], padding: [*pad; 2] }, &[args[0], w], &callsite, e, &[arg_tok[0], e])?;
+                let b3 = self.push(Op::Reshape { shape: vec![c_out.clone(), Dim::known(1), Dim::known(1)] }, &[b], &callsite, e, &[])?;
+                self.push(Op::Add, &[y, b3], &callsite, e, &[e, e])
+            }
+            FieldKind::Embedding { vocab, dim } => {
+                if !want_args(self, 1) {
+                    return None;
+                }
+                let w = self.param(pname("weight"), access("weight"), vec![vocab.clone(), dim.clone()]);
+                self.push(Op::Embedding, &[w, args[0]], &callsite, e, &[e, arg_tok[0]])
+            }
+            FieldKind::LayerNorm { dim } => {
+                if !want_args(self, 1) {
+                    return None;
+                }
+                let x = args[0];
+                let xs = self.shape(x).clone();
+                let Some(last) = xs.last().cloned() else {
+                    self.cx.error_spanned_by(arg_tok[0].to_token_stream(), format!("shape mismatch in `{callsite}`: expected a tensor ending in {dim}, found a scalar"));
+                    return None;
+                };
+                if !self.same_or_oblige(&last, dim, arg_tok[0]) {
+                    let mut expected = xs.clone();
+                    let n = expected.len();
+                    expected[n - 1] = dim.clone();
+                    let err = ShapeError { arg: 0, kind: ShapeErrorKind::Mismatch { expected, found: xs.clone(), axis: Some(n - 1) }, help: None };
+                    self.cx.error_spanned_by(arg_tok[0].to_token_stream(), message(&callsite, &err));
+                    return None;
+                }
+                // Composed from primitives so its backward comes from theirs.
+                let ax = vec![xs.len() - 1];
+                let mean = self.push(Op::Mean { axes: ax.clone(), keepdim: true }, &[x], &callsite, e, &[])?;
+                let xc = self.push(Op::Sub, &[x, mean], &callsite, e, &[])?;
+                let sq = self.push(Op::Mul, &[xc, xc], &callsite, e, &[])?;
+                let var = self.push(Op::Mean { axes: ax, keepdim: true }, &[sq], &callsite, e, &[])?;
+                let eps = self.konst(1e-5);
+                let ve = self.push(Op::Add, &[var, eps], &callsite, e, &[])?;
+                let sd = self.push(Op::Sqrt, &[ve], &callsite, e, &[])?;
+                let xn = self.push(Op::Div, &[xc, sd], &callsite, e, &[])?;
+                let w = self.param(pname("weight"), access("weight"), vec![dim.clone()]);
+                let b = self.param(pname("bias"), access("bias"), vec![dim.clone()]);
+                let y = self.push(Op::Mul, &[xn, w], &callsite, e, &[])?;
+                self.push(Op::Add, &[y, b], &callsite, e, &[])
+            }
+            FieldKind::Param { .. } => {
+                self.cx.error_spanned_by(e, format!("`self.{field}` is a parameter, not a layer: use it as a value, `self.{field}`"));
+                None
+            }
+            FieldKind::Nested { .. } => self.nested_call(sc, kind, field, "forward", args, m),
+        }
+    }
+
+    /// Literal or symbolic dims must be equal; a generic one becomes an obligation for rustc.
+    fn same_or_oblige(&mut self, found: &Dim, expected: &Dim, at: &dyn ToTokens) -> bool {
+        if found == expected {
+            return true;
+        }
+        if (found.has_param() || expected.has_param()) && !found.has_sym() && !expected.has_sym() {
+            self.obligations.push(Obligation { found: found.clone(), expected: expected.clone(), tokens: at.to_token_stream() });
+            return true;
+        }
+        false
+    }
+
+    fn nested_call(&mut self, sc: &mut Scope, kind: &FieldKind, field: &str, method: &str, args: &[NodeId], m: &syn::ExprMethodCall) -> Option<NodeId> {
+        let FieldKind::Nested { type_name, args: type_args, .. } = kind else {
+            self.cx.error_spanned_by(m, format!("`self.{field}` is a layer; it has no graph function `{method}`"));
+            return None;
+        };
+        let Some(nm) = self.nested.get(type_name).cloned() else {
+            self.cx.error_spanned_by(m, format!("the graph of nested model `{type_name}` is not available\n\n= help: mark both its struct and its impl with #[model]"));
+            return None;
+        };
+        let mut env = HashMap::new();
+        for (p, a) in nm.item.generics.params.iter().filter_map(|p| match p {
+            syn::GenericParam::Const(c) => Some(c.ident.to_string()),
+            _ => None,
+        }).zip(type_args) {
+            env.insert(p, a.clone());
+        }
+        // The nested model was checked by its own expansion; report its failures once, here.
+        let quiet = Ctxt::new();
+        let inner = ModelStruct::from_item(&nm.item, &env, &quiet);
+        let Some(f) = nm.graph.fns.iter().find(|f| f.name == method).cloned() else {
+            self.cx.error_spanned_by(&m.method, format!("nested model `{type_name}` has no graph function `{method}`"));
+            return None;
+        };
+        let mut prefix = sc.prefix.clone();
+        prefix.push(field.to_string());
+        let callsite = if method == "forward" && !matches!(&*m.receiver, syn::Expr::Field(_)) { format!("self.{field}(..)") } else { format!("self.{field}.{method}(..)") };
+        self.inline_call(&inner, &nm.graph.fns, prefix, env, &f, args, &callsite, m)
+    }
+
+    /// Inlines graph function `f` (of `model`) applied to `args`, checking each argument
+    /// against its declared shape and binding the callee's symbolic dims.
+    #[allow(clippy::too_many_arguments)]
+    fn inline_call(
+        &mut self,
+        model: &ModelStruct,
+        fns: &[GraphFnDef],
+        prefix: Vec<String>,
+        mut env: HashMap<String, Dim>,
+        f: &GraphFnDef,
+        args: &[NodeId],
+        callsite: &str,
+        m: &syn::ExprMethodCall,
+    ) -> Option<NodeId> {
+        let key = format!("{}::{}", model.name, f.name);
+        if self.stack.contains(&key) || self.stack.len() > 32 {
+            self.cx.error_spanned_by(m, format!("`{callsite}` calls itself; graph functions cannot recurse"));
+            return None;
+        }
+        if args.len() != f.inputs.len() {
+            self.cx.error_spanned_by(m, format!("`{callsite}` takes {} argument(s), found {}", f.inputs.len(), args.len()));
+            return None;
+        }
+        let mut vars = HashMap::new();
+        for (i, (inp, &arg)) in f.inputs.iter().zip(args).enumerate() {
+            let found = self.shape(arg).clone();
+            let mut expected = Vec::new();
+            let mut ok = found.len() == inp.dims.len();
+            for (j, d) in inp.dims.iter().enumerate() {
+                // A bare symbol of the callee binds to the caller's dimension on first use.
+                if let syn::Expr::Path(p) = d {
+                    if let Some(id) = p.path.get_ident() {
+                        let name = id.to_string();
+                        if f.symbols.iter().any(|s| *s == name) && !env.contains_key(&name) {
+                            if let Some(fd) = found.get(j) {
+                                env.insert(name, fd.clone());
+                            }
+                        }
+                    }
+                }
+                match dim_from_expr(d, &[], &model.const_params, &env) {
+                    Ok(dim) => {
+                        if let Some(fd) = found.get(j) {
+                            ok &= self.same_or_oblige(fd, &dim, &m.args[i]);
+                        }
+                        expected.push(dim);
+                    }
+                    Err(e) => {
+                        self.cx.syn_error(e);
+                        return None;
+                    }
+                }
+            }
+            if !ok {
+                let err = ShapeError { arg: i, kind: ShapeErrorKind::Mismatch { axis: (expected.len() == found.len()).then(|| expected.iter().zip(&found).position(|(a, b)| a != b)).flatten(), expected, found }, help: None };
+                self.cx.error_spanned_by(&m.args[i], message(callsite, &err));
+                return None;
+            }
+            let want = if inp.dtype == ElemType::I64 { DType::I64 } else { DType::F32 };
+            if self.graph.node(arg).dtype != want {
+                self.cx.error_spanned_by(&m.args[i], format!("dtype mismatch in `{callsite}`: argument `{}` must be {}", inp.name, if want == DType::I64 { "i64" } else { "f32" }));
+                return None;
+            }
+            vars.insert(inp.name.to_string(), arg);
+        }
+        let mut sc = Scope { model, fns, prefix, env, symbols: Vec::new(), vars };
+        self.stack.push(key);
+        let out = self.lower_block(&mut sc, &f.body);
+        self.stack.pop();
+        out
+    }
+
+    fn axis_arg(&self, e: &syn::Expr, rank: usize, what: &str) -> Option<usize> {
+        let Some(v) = int_literal(e) else {
+            self.cx.error_spanned_by(e, format!("the {what} must be an integer literal"));
+            return None;
+        };
+        let r = rank as i64;
+        if v < -r || v >= r {
+            self.cx.error_spanned_by(
+                e,
+                format!("{what} {v} is out of range for a tensor of rank {rank}\n\n= help: valid axes are 0..{rank}, or -{rank}..-1 counted from the end"),
+            );
+            return None;
+        }
+        Some(if v < 0 { (v + r) as usize } else { v as usize })
+    }
+
+    fn lower_call(&mut self, sc: &mut Scope, c: &syn::ExprCall, e: &syn::Expr) -> Option<NodeId> {
+        let syn::Expr::Path(fp) = &*c.func else {
+            self.cx.error_spanned_by(&c.func, "expected an op name");
+            return None;
+        };
+        let name = fp.path.get_ident().map(|i| i.to_string()).unwrap_or_else(|| fp.path.to_token_stream().to_string());
+        let callsite = format!("{name}(..)");
+        let a: Vec<&syn::Expr> = c.args.iter().collect();
+        let toks: Vec<&dyn ToTokens> = a.iter().map(|x| *x as &dyn ToTokens).collect();
+        let nargs = |me: &Self, lo: usize, hi: usize, form: &str| -> bool {
+            if a.len() < lo || a.len() > hi {
+                me.cx.error_spanned_by(e, format!("`{name}` takes {form}, found {} argument(s)", a.len()));
+                return false;
+            }
+            true
+        };
+        let unary = match name.as_str() {
+            "relu" => Some(Op::Relu),
+            "gelu" => Some(Op::Gelu),
+            "tanh" => Some(Op::Tanh),
+            "sigmoid" => Some(Op::Sigmoid),
+            "exp" => Some(Op::Exp),
+            "log" => Some(Op::Log),
+            "sqrt" => Some(Op::Sqrt),
+            "neg" => Some(Op::Neg),
+            _ => None,
+        };
+        if let Some(op) = unary {
+            if !nargs(self, 1, 1, "(x)") {
+                return None;
+            }
+            let x = self.lower_expr(sc, a[0])?;
+            return self.push(op, &[x], &callsite, e, &toks);
+        }
+        match name.as_str() {
+            "pow" => {
+                if !nargs(self, 2, 2, "(x, exponent)") {
+                    return None;
+                }
+                let x = self.lower_expr(sc, a[0])?;
+                let Some(p) = literal(a[1]) else {
+                    self.cx.error_spanned_by(a[1], "the exponent of `pow` must be a number literal");
+                    return None;
+                };
+                self.push(Op::PowScalar { exponent: p }, &[x], &callsite, e, &toks)
+            }
+            "matmul" | "cross_entropy" | "mse" => {
+                if !nargs(self, 2, 2, "two arguments") {
+                    return None;
+                }
+                let x = self.lower_expr(sc, a[0]);
+                let y = self.lower_expr(sc, a[1]);
+                let op = match name.as_str() {
+                    "matmul" => Op::MatMul,
+                    "cross_entropy" => Op::CrossEntropy,
+                    _ => Op::Mse,
+                };
+                self.push(op, &[x?, y?], &callsite, e, &toks)
+            }
+            "softmax" | "log_softmax" => {
+                if !nargs(self, 2, 2, "(x, axis)") {
+                    return None;
+                }
+                let x = self.lower_expr(sc, a[0])?;
+                let axis = self.axis_arg(a[1], self.shape(x).len(), "softmax axis")?;
+                let op = if name == "softmax" { Op::Softmax { axis } } else { Op::LogSoftmax { axis } };
+                self.push(op, &[x], &callsite, e, &toks)
+            }
+            "sum" | "mean" | "max" => {
+                if !nargs(self, 1, 3, "(x), (x, axis), (x, [axes]) or (x, axes, keepdim)") {
+                    return None;
+                }
+                let x = self.lower_expr(sc, a[0])?;
+                let rank = self.shape(x).len();
+                let mut axes = Vec::new();
+                match a.get(1) {
+                    None => axes = (0..rank).collect(),
+                    Some(syn::Expr::Array(arr)) => {
+                        for el in &arr.elems {
+                            axes.push(self.axis_arg(el, rank, &format!("{name} axis"))?);
+                        }
+                    }
+                    Some(ax) => axes.push(self.axis_arg(ax, rank, &format!("{name} axis"))?),
+                }
+                axes.sort_unstable();
+                axes.dedup();
+                let keepdim = match a.get(2) {
+                    None => false,
+                    Some(k) => match k.to_token_stream().to_string().as_str() {
+                        "keepdim" | "true" => true,
+                        "false" => false,
+                        _ => {
+                            self.cx.error_spanned_by(k, "expected `keepdim`, `true` or `false`");
+                            return None;
+                        }
+                    },
+                };
+                let op = match name.as_str() {
+                    "sum" => Op::Sum { axes, keepdim },
+                    "mean" => Op::Mean { axes, keepdim },
+                    _ => Op::Max { axes, keepdim },
+                };
+                self.push(op, &[x], &callsite, e, &toks)
+            }
+            "reshape" => {
+                if !nargs(self, 2, 2, "(x, [dims])") {
+                    return None;
+                }
+                let x = self.lower_expr(sc, a[0])?;
+                let syn::Expr::Array(arr) = a[1] else {
+                    self.cx.error_spanned_by(a[1], "the target shape of `reshape` is a list of dimensions, e.g. `[B, 8, 8]`");
+                    return None;
+                };
+                let mut shape = Vec::new();
+                for el in &arr.elems {
+                    match dim_from_expr(el, &sc.symbols, &sc.model.const_params, &sc.env) {
+                        Ok(d) => shape.push(d),
+                        Err(err) => {
+                            self.cx.syn_error(err);
+                            return None;
+                        }
+                    }
+                }
+                self.push(Op::Reshape { shape }, &[x], &callsite, e, &[a[1], a[1]])
+            }
+            "flatten" => {
+                if !nargs(self, 1, 2, "(x) or (x, start_axis)") {
+                    return None;
+                }
+                let x = self.lower_expr(sc, a[0])?;
+                let xs = self.shape(x).clone();
+                let start = match a.get(1) {
+                    Some(s) => self.axis_arg(s, xs.len(), "flatten start axis")?,
+                    None => 1.min(xs.len()),
+                };
+                let mut shape: Shape = xs[..start].to_vec();
+                shape.push(xs[start..].iter().fold(Dim::known(1), |acc, d| acc.mul(d)));
+                self.push(Op::Reshape { shape }, &[x], &callsite, e, &toks)
+            }
+            "transpose" | "permute" => {
+                let x = self.lower_expr(sc, a.first().copied()?)?;
+                let rank = self.shape(x).len();
+                let perm = if name == "transpose" {
+                    if !nargs(self, 3, 3, "(x, axis_a, axis_b)") {
+                        return None;
+                    }
+                    let (i, j) = (self.axis_arg(a[1], rank, "transpose axis")?, self.axis_arg(a[2], rank, "transpose axis")?);
+                    let mut p: Vec<usize> = (0..rank).collect();
+                    p.swap(i, j);
+                    p
+                } else {
+                    if !nargs(self, 2, 2, "(x, [axes])") {
+                        return None;
+                    }
+                    let syn::Expr::Array(arr) = a[1] else {
+                        self.cx.error_spanned_by(a[1], "the permutation is a list of axes, e.g. `[0, 2, 1]`");
+                        return None;
+                    };
+                    let mut p = Vec::new();
+                    for el in &arr.elems {
+                        p.push(self.axis_arg(el, rank, "permute axis")?);
+                    }
+                    p
+                };
+                self.push(Op::Permute { perm }, &[x], &callsite, e, &[a[1], a[1]])
+            }
+            "concat" => {
+                if !nargs(self, 2, 2, "([a, b, ..], axis)") {
+                    return None;
+                }
+                let syn::Expr::Array(arr) = a[0] else {
+                    self.cx.error_spanned_by(a[0], "`concat` takes a list of tensors, e.g. `concat([a, b], 1)`");
+                    return None;
+                };
+                let parts: Vec<Option<NodeId>> = arr.elems.iter().map(|el| self.lower_expr(sc, el)).collect();
+                let parts: Vec<NodeId> = parts.into_iter().collect::<Option<_>>()?;
+                let rank = parts.first().map(|&p| self.shape(p).len()).unwrap_or(0);
+                let axis = self.axis_arg(a[1], rank, "concat axis")?;
+                let el_toks: Vec<&dyn ToTokens> = arr.elems.iter().map(|x| x as &dyn ToTokens).collect();
+                self.push(Op::Concat { axis }, &parts, &callsite, e, &el_toks)
+            }
+            "narrow" => {
+                if !nargs(self, 4, 4, "(x, axis, start, len)") {
+                    return None;
+                }
+                let x = self.lower_expr(sc, a[0])?;
+                let axis = self.axis_arg(a[1], self.shape(x).len(), "narrow axis")?;
+                let (Some(start), Some(len)) = (int_literal(a[2]), int_literal(a[3])) else {
+                    self.cx.error_spanned_by(e, "the start and length of `narrow` must be integer literals");
+                    return None;
+                };
+                if start < 0 || len < 1 {
+                    self.cx.error_spanned_by(e, "`narrow` needs start >= 0 and len >= 1");
+                    return None;
+                }
+                self.push(Op::Narrow { axis, start: start as usize, len: len as usize }, &[x], &callsite, e, &toks)
+            }
+            "max_pool2d" | "avg_pool2d" => {
+                if !nargs(self, 2, 4, "(x, kernel[, stride[, padding]])") {
+                    return None;
+                }
+                let x = self.lower_expr(sc, a[0])?;
+                let mut vals = Vec::new();
+                for v in &a[1..] {
+                    match int_literal(v) {
+                        Some(n) if n >= 0 => vals.push(n as usize),
+                        _ => {
+                            self.cx.error_spanned_by(*v, "pooling sizes must be non-negative integer literals");
+                            return None;
+                        }
+                    }
+                }
+                let k = vals[0];
+                let s = vals.get(1).copied().unwrap_or(k);
+                let p = vals.get(2).copied().unwrap_or(0);
+                let (kernel, stride, padding) = ([k; 2], [s; 2], [p; 2]);
+                let op = if name == "max_pool2d" { Op::MaxPool2d { kernel, stride, padding } } else { Op::AvgPool2d { kernel, stride, padding } };
+                self.push(op, &[x], &callsite, e, &toks)
+            }
+            "dropout" => {
+                if !nargs(self, 2, 2, "(x, p)") {
+                    return None;
+                }
+                let x = self.lower_expr(sc, a[0])?;
+                let Some(p) = literal(a[1]) else {
+                    self.cx.error_spanned_by(a[1], "the dropout probability must be a number literal");
+                    return None;
+                };
+                let mask = self.push(Op::DropoutMask { p }, &[x], &callsite, e, &[a[1]])?;
+                self.push(Op::Mul, &[x, mask], &callsite, e, &toks)
+            }
+            _ => {
+                let help = suggest(&name).map(|s| format!("did you mean `{s}`? ")).unwrap_or_default();
+                self.cx.error_spanned_by(&c.func, format!("unknown op `{name}` in graph!\n\n= help: {help}{OPS_HELP}"));
+                None
+            }
+        }
+    }
+}
+
+const OP_NAMES: &[&str] = &[
+    "relu", "gelu", "tanh", "sigmoid", "exp", "log", "sqrt", "neg", "pow", "matmul", "sum", "mean", "max", "softmax",
+    "log_softmax", "cross_entropy", "mse", "reshape", "flatten", "transpose", "permute", "concat", "narrow",
+    "max_pool2d", "avg_pool2d", "dropout",
+];
+
+/// The closest op name within edit distance 2.
+fn suggest(name: &str) -> Option<&'static str> {
+    fn dist(a: &str, b: &str) -> usize {
+        let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+        let mut prev: Vec<usize> = (0..=b.len()).collect();
+        for i in 1..=a.len() {
+            let mut cur = vec![i; b.len() + 1];
+            for j in 1..=b.len() {
+                cur[j] = (prev[j] + 1).min(cur[j - 1] + 1).min(prev[j - 1] + usize::from(a[i - 1] != b[j - 1]));
+            }
+            prev = cur;
+        }
+        prev[b.len()]
+    }
+    OP_NAMES.iter().map(|o| (dist(name, o), *o)).filter(|(d, _)| *d <= 2).min().map(|(_, o)| o)
+}
+
+/// "shape mismatch in `self.fc2(..)`: expected [B, 127], found [B, 128]" plus a help line.
+pub fn message(callsite: &str, e: &ShapeError) -> String {
+    let head = match &e.kind {
+        ShapeErrorKind::Mismatch { .. } | ShapeErrorKind::Broadcast { .. } => format!("shape mismatch in `{callsite}`: {}", e.detail()),
+        ShapeErrorKind::Invalid(m) => format!("invalid `{callsite}`: {m}"),
+    };
+    match &e.help {
+        Some(h) => format!("{head}\n\n= help: {h}"),
+        None => head,
+    }
+}
+
+fn is_self(e: &syn::Expr) -> bool {
+    matches!(e, syn::Expr::Path(p) if p.path.is_ident("self"))
+}
+
+fn member_name(m: &syn::Member) -> String {
+    match m {
+        syn::Member::Named(i) => i.to_string(),
+        syn::Member::Unnamed(i) => i.index.to_string(),
+    }
+}
+
+fn literal(e: &syn::Expr) -> Option<f64> {
+    match e {
+        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Float(f), .. }) => f.base10_parse().ok(),
+        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse().ok(),
+        syn::Expr::Unary(u) if matches!(u.op, syn::UnOp::Neg(_)) => literal(&u.expr).map(|v| -v),
+        syn::Expr::Paren(p) => literal(&p.expr),
+        _ => None,
+    }
+}
+
+fn int_literal(e: &syn::Expr) -> Option<i64> {
+    match e {
+        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse().ok(),
+        syn::Expr::Unary(u) if matches!(u.op, syn::UnOp::Neg(_)) => int_literal(&u.expr).map(|v| -v),
+        syn::Expr::Paren(p) => int_literal(&p.expr),
+        _ => None,
+    }
+}
+
+fn block_tail(b: &syn::Block) -> TokenStream {
+    match b.stmts.last() {
+        Some(syn::Stmt::Expr(e, None)) => e.to_token_stream(),
+        _ => quote!(#b),
+    }
+}
