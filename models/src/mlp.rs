@@ -13,7 +13,7 @@ impl Mlp {
     graph! {
         // B is symbolic, bound at run time; 64 and 10 are checked now.
         fn forward<B>(&self, x: [B, 64]) -> [B, 10] {
-            self.fc2(relu(self.fc1(x)))
+            self.fc2(dropout(relu(self.fc1(x)), 0.3))
         }
 
         fn loss<B>(&self, x: [B, 64], y: i64[B]) -> [] {
