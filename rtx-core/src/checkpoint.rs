@@ -30,8 +30,14 @@ pub trait Checkpoint: Module {
             views.push((name.clone(), view));
         }
         let tmp = path.with_extension("safetensors.tmp");
-        safetensors::serialize_to_file(views, &None, &tmp).map_err(|e| err(e.to_string()))?;
-        std::fs::rename(&tmp, path).map_err(|source| RtxError::Io { path: path.display().to_string(), source })
+        // A failed write or rename must not leave the temporary file behind.
+        let written = safetensors::serialize_to_file(views, &None, &tmp)
+            .map_err(|e| err(e.to_string()))
+            .and_then(|()| std::fs::rename(&tmp, path).map_err(|source| RtxError::Io { path: path.display().to_string(), source }));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
     }
 
     fn load_safetensors(&mut self, path: impl AsRef<Path>) -> Result<()> {

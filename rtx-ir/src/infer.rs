@@ -196,6 +196,10 @@ fn window_dims(
         if stride[i] == 0 {
             return Err(ShapeError::invalid(0, format!("{op} stride must be at least 1")));
         }
+        if kernel[i].as_known() == Some(0) {
+            let axis = if i == 0 { "height" } else { "width" };
+            return Err(ShapeError::invalid(0, format!("{op} kernel {axis} must be at least 1")));
+        }
         let n = &x[2 + i];
         let o = window_out(n, kernel[i], stride[i], padding[i]);
         let room = n.add(&Dim::known(2 * padding[i])).sub(kernel[i]);
@@ -215,6 +219,26 @@ fn window_dims(
         out[i] = o;
     }
     Ok(out)
+}
+
+/// Checks that the output gradient `found` (argument `arg` of a backward op) has the shape of
+/// the forward op's output.
+fn need_grad_shape(arg: usize, expected: Shape, found: &Shape, op: &str, u: &mut Unifier) -> Result<(), ShapeError> {
+    if !u.same_shape(&expected, found) {
+        return Err(ShapeError::mismatch(arg, expected, found)
+            .with_help(format!("the gradient argument of {op} must have the shape of the forward op's output")));
+    }
+    Ok(())
+}
+
+/// Runs the shape rule of the forward op `op` of a backward op; `args[i]` of the forward op is
+/// argument `from[i]` of the backward op, which errors are renumbered to.
+fn forward_shape(op: &Op, args: &[(&Shape, DType)], from: &[usize], u: &mut Unifier) -> Result<Shape, ShapeError> {
+    let fwd: Vec<(&Shape, DType)> = from.iter().map(|&i| args[i]).collect();
+    infer(op, &fwd, u).map(|(s, _)| s).map_err(|mut e| {
+        e.arg = from.get(e.arg).copied().unwrap_or(e.arg);
+        e
+    })
 }
 
 /// The shape rule of `op` applied to its arguments' shapes and dtypes.
@@ -395,12 +419,78 @@ pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shap
             }
             f32_out(sh(1).clone())
         }
-        Op::SumTo => f32_out(sh(1).clone()),
-        Op::ReluGrad | Op::GeluGrad | Op::MeanGrad { .. } | Op::MaxGrad { .. } | Op::MaxPool2dGrad { .. } => f32_out(sh(0).clone()),
-        Op::SoftmaxGrad { .. } | Op::LogSoftmaxGrad { .. } | Op::CrossEntropyGrad => f32_out(sh(0).clone()),
-        Op::Conv2dGradInput { .. } | Op::Conv2dGradWeight { .. } | Op::EmbeddingGrad => f32_out(sh(2).clone()),
-        Op::AvgPool2dGrad { .. } => f32_out(sh(0).clone()),
-        Op::PadNarrow { .. } => f32_out(sh(1).clone()),
+        // Backward ops: every gradient argument must have the shape of the forward output it
+        // is the gradient of, so kernels (which trust these rules) never see a mismatch.
+        Op::SumTo => {
+            let (g, like) = (sh(0), sh(1));
+            let fits = like.len() <= g.len() && broadcast(like, g, u).is_ok_and(|b| u.same_shape(&b, g));
+            if !fits {
+                return Err(ShapeError::invalid(1, format!("sum_to: {} does not broadcast to the gradient's shape {}", fmt_shape(like), fmt_shape(g))));
+            }
+            f32_out(like.clone())
+        }
+        Op::ReluGrad | Op::GeluGrad => {
+            need_grad_shape(1, sh(0).clone(), sh(1), d.name, u)?;
+            f32_out(sh(0).clone())
+        }
+        Op::MeanGrad { axes, keepdim } | Op::MaxGrad { axes, keepdim } => {
+            check_axes(axes, sh(0).len(), d.name)?;
+            need_grad_shape(1, reduced(sh(0), axes, *keepdim), sh(1), d.name, u)?;
+            f32_out(sh(0).clone())
+        }
+        Op::SoftmaxGrad { axis } | Op::LogSoftmaxGrad { axis } => {
+            check_axes(&[*axis], sh(0).len(), d.name)?;
+            need_grad_shape(1, sh(0).clone(), sh(1), d.name, u)?;
+            f32_out(sh(0).clone())
+        }
+        Op::CrossEntropyGrad => {
+            let out = forward_shape(&Op::CrossEntropy, args, &[0, 1], u)?;
+            need_grad_shape(2, out, sh(2), d.name, u)?;
+            f32_out(sh(0).clone())
+        }
+        Op::Conv2dGradInput { stride, padding } => {
+            let out = forward_shape(&Op::Conv2d { stride: *stride, padding: *padding }, args, &[2, 1], u)?;
+            need_grad_shape(0, out, sh(0), d.name, u)?;
+            f32_out(sh(2).clone())
+        }
+        Op::Conv2dGradWeight { stride, padding } => {
+            let out = forward_shape(&Op::Conv2d { stride: *stride, padding: *padding }, args, &[0, 2], u)?;
+            need_grad_shape(1, out, sh(1), d.name, u)?;
+            f32_out(sh(2).clone())
+        }
+        Op::MaxPool2dGrad { kernel, stride, padding } => {
+            let out = forward_shape(&Op::MaxPool2d { kernel: *kernel, stride: *stride, padding: *padding }, args, &[0], u)?;
+            need_grad_shape(1, out, sh(1), d.name, u)?;
+            f32_out(sh(0).clone())
+        }
+        Op::AvgPool2dGrad { kernel, stride, padding } => {
+            let out = forward_shape(&Op::AvgPool2d { kernel: *kernel, stride: *stride, padding: *padding }, args, &[0], u)?;
+            need_grad_shape(1, out, sh(1), d.name, u)?;
+            f32_out(sh(0).clone())
+        }
+        Op::EmbeddingGrad => {
+            let out = forward_shape(&Op::Embedding, args, &[2, 1], u)?;
+            need_grad_shape(0, out, sh(0), d.name, u)?;
+            f32_out(sh(2).clone())
+        }
+        Op::PadNarrow { axis, start } => {
+            let (g, full) = (sh(0), sh(1));
+            check_axes(&[*axis], full.len(), d.name)?;
+            let mut expected = full.clone();
+            if g.len() == full.len() {
+                expected[*axis] = g[*axis].clone();
+            }
+            need_grad_shape(0, expected, g, d.name, u)?;
+            if let (Some(len), Some(n)) = (g[*axis].as_known(), full[*axis].as_known()) {
+                if start + len > n {
+                    return Err(ShapeError::invalid(
+                        0,
+                        format!("pad_narrow {start}..{} is out of range for dimension {axis} of size {n}", start + len),
+                    ));
+                }
+            }
+            f32_out(full.clone())
+        }
     }
 }
 

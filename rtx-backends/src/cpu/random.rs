@@ -20,9 +20,10 @@ fn uniform(key: u64, index: u64) -> f32 {
 
 /// Dropout mask of `numel` elements: 0.0 with probability p, else 1/(1-p). Counter-based (e.g. splitmix64 or Philox-like hash of (seed, index)) so the result depends only on (seed, numel, p), never on thread count. p == 0 gives all ones.
 pub fn dropout_mask(numel: usize, p: f32, seed: u64) -> Vec<f32> {
-    // Mixing the seed first keeps nearby seeds (0, 1, 2, ...) from giving shifted copies of one
-    // stream.
-    let key = mix64(seed ^ 0x6A09_E667_F3BC_C909);
+    // The seed is used as is: element i must be `rtx_ir::reference::dropout_uniform(seed, i)`,
+    // bit for bit. Nearby seeds still give unrelated masks, since every bit of `mix64`'s output
+    // depends on every bit of its input.
+    let key = seed;
     let keep_scale = 1.0 / (1.0 - p);
     let mut mask = vec![0.0; numel];
     for_each_chunk(&mut mask, |start, piece| {

@@ -1,0 +1,60 @@
+//! Shared helpers of the models integration tests: a tiny seeded generator for fresh random
+//! batches, and conversions from runtime tensors to float64 reference arrays.
+
+#![allow(dead_code)]
+
+use rtx_core::{DType, Tensor};
+use rtx_core::ir::reference::Array;
+
+/// SplitMix64: tiny, seedable and identical on every platform, so failures reproduce.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// An index in 0..n.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// A contiguous f32 tensor with elements uniform in [-2, 2), the range of standardized
+    /// pixels.
+    pub fn images(&mut self, shape: &[usize]) -> Tensor {
+        let n = shape.iter().product();
+        Tensor::from_vec((0..n).map(|_| (4.0 * self.unit() - 2.0) as f32).collect(), shape).unwrap()
+    }
+
+    /// `n` class labels in 0..10.
+    pub fn labels(&mut self, n: usize) -> Tensor {
+        Tensor::from_i64((0..n).map(|_| self.below(10) as i64).collect(), &[n]).unwrap()
+    }
+}
+
+/// The logical (row-major) values of a tensor of either dtype as a float64 reference array.
+pub fn to_array(t: &Tensor) -> Array {
+    let data = match t.dtype() {
+        DType::F32 => t.to_vec_f32().unwrap().into_iter().map(f64::from).collect(),
+        DType::I64 => t.to_vec_i64().unwrap().into_iter().map(|v| v as f64).collect(),
+    };
+    Array::new(t.shape().to_vec(), data)
+}
+
+/// The bit patterns of an f32 tensor, for exact comparisons.
+pub fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+}

@@ -1,0 +1,705 @@
+//! Every op that `rtx_core::ops::run_op` executes, checked against its float64 reference
+//! (`rtx_ir::reference::eval`) on the same random values.
+//!
+//! Each test builds fresh random f32 inputs (i64 for labels and ids), runs the op through the
+//! runtime's single dispatch, evaluates the reference on the same values widened to f64, and
+//! compares shape and every element. Elementwise ops, reductions and the nn ops allow
+//! `1e-5 + 1e-4 * |want|`; contractions (matmul, conv) allow `1e-4 * sqrt(K)` absolute, K the
+//! contracted length. Several tests feed views instead of fresh buffers: permuted (strided),
+//! broadcast (stride 0) and narrowed (offset) inputs, since kernels must read any layout.
+
+mod common;
+
+use common::{assert_close, to_array, Rng};
+use rtx_core::ops::run_op;
+use rtx_core::{Ctx, Tensor};
+use rtx_ir::reference::{self, RefCtx};
+use rtx_ir::{Dim, Op};
+use std::collections::HashMap;
+
+const ATOL: f64 = 1e-5;
+const RTOL: f64 = 1e-4;
+
+/// Runs `op` through the runtime and the reference on the same values and compares them.
+fn check_with(op: &Op, args: &[&Tensor], atol: f64, rtol: f64) {
+    let got = run_op(op, args, &mut Ctx::eval()).unwrap_or_else(|e| panic!("run_op({op:?}) failed: {e}"));
+    let arrays: Vec<_> = args.iter().map(|t| to_array(t)).collect();
+    let refs: Vec<_> = arrays.iter().collect();
+    let env = HashMap::new();
+    let want = reference::eval(op, &refs, &RefCtx { env: &env, train: false, seed: 0 })
+        .unwrap_or_else(|e| panic!("reference eval of {op:?} failed: {e}"));
+    assert_eq!(got.shape(), want.shape.as_slice(), "{op:?}: output shape");
+    assert_close(&to_array(&got).data, &want.data, atol, rtol, &format!("{op:?}"));
+}
+
+fn check(op: &Op, args: &[&Tensor]) {
+    check_with(op, args, ATOL, RTOL);
+}
+
+/// Tolerance of a contraction over `k` products.
+fn check_contraction(op: &Op, args: &[&Tensor], k: usize) {
+    check_with(op, args, 1e-4 * (k as f64).sqrt(), 0.0);
+}
+
+fn view(op: Op, t: &Tensor) -> Tensor {
+    run_op(&op, &[t], &mut Ctx::eval()).unwrap()
+}
+
+/// `t` with its axes reordered: a strided, non-contiguous view of the same buffer.
+fn permuted(t: &Tensor, perm: &[usize]) -> Tensor {
+    let v = view(Op::Permute { perm: perm.to_vec() }, t);
+    assert!(!v.layout().is_contiguous(), "test setup: the permuted view should be strided");
+    v
+}
+
+/// A random tensor of `shape` that is stored transposed: the permuted view of a contiguous
+/// tensor whose last two axes are swapped.
+fn transposed_random(rng: &mut Rng, shape: &[usize]) -> Tensor {
+    let r = shape.len();
+    let mut stored = shape.to_vec();
+    stored.swap(r - 2, r - 1);
+    let mut perm: Vec<usize> = (0..r).collect();
+    perm.swap(r - 2, r - 1);
+    permuted(&rng.tensor(&stored), &perm)
+}
+
+/// `t` broadcast to `shape`: a view with stride 0 on the broadcast axes.
+fn broadcast(t: &Tensor, shape: &[usize]) -> Tensor {
+    let like = Tensor::full(shape, 1.0);
+    let v = run_op(&Op::BroadcastTo, &[t, &like], &mut Ctx::eval()).unwrap();
+    assert!(v.layout().strides.contains(&0), "test setup: the broadcast view should have a zero stride");
+    v
+}
+
+/// Elements `start..start + len` of `t` along `axis`: a view at a nonzero offset.
+fn narrowed(t: &Tensor, axis: usize, start: usize, len: usize) -> Tensor {
+    let v = view(Op::Narrow { axis, start, len }, t);
+    assert!(v.layout().offset > 0, "test setup: the narrowed view should start at an offset");
+    v
+}
+
+/// Compile-time guard: adding an op to `rtx_ir::Op` breaks this match until a test below
+/// covers it. Returns the test that checks the op.
+#[allow(dead_code)]
+fn test_of(op: &Op) -> Option<&'static str> {
+    Some(match op {
+        Op::Input { .. } | Op::Param { .. } => return None,
+        Op::Const { .. } => "const_matches_reference",
+        Op::Neg | Op::Relu | Op::Gelu | Op::Tanh | Op::Sigmoid | Op::Exp => "unary_ops_match_reference",
+        Op::Log | Op::Sqrt => "log_and_sqrt_match_reference_on_positive_inputs",
+        Op::PowScalar { .. } => "pow_scalar_matches_reference",
+        Op::Add | Op::Sub | Op::Mul | Op::Div => "binary_ops_match_reference",
+        Op::Sum { .. } | Op::Mean { .. } | Op::Max { .. } => "reductions_match_reference",
+        Op::MatMul => "matmul_matches_reference",
+        Op::Softmax { .. } | Op::LogSoftmax { .. } => "softmax_and_log_softmax_match_reference",
+        Op::CrossEntropy => "cross_entropy_matches_reference",
+        Op::Mse => "mse_matches_reference",
+        Op::Conv2d { .. } => "conv2d_matches_reference",
+        Op::MaxPool2d { .. } => "max_pool2d_matches_reference",
+        Op::AvgPool2d { .. } => "avg_pool2d_matches_reference",
+        Op::Embedding => "embedding_matches_reference",
+        Op::DropoutMask { .. } => "eval_mode_dropout_mask_is_ones_like_reference",
+        Op::Reshape { .. } => "reshape_matches_reference",
+        Op::Permute { .. } => "permute_matches_reference",
+        Op::Concat { .. } => "concat_matches_reference",
+        Op::Narrow { .. } => "narrow_matches_reference",
+        Op::BroadcastTo => "broadcast_to_matches_reference",
+        Op::SumTo => "sum_to_matches_reference",
+        Op::ReluGrad | Op::GeluGrad => "relu_grad_and_gelu_grad_match_reference",
+        Op::MeanGrad { .. } => "mean_grad_matches_reference",
+        Op::MaxGrad { .. } => "max_grad_matches_reference",
+        Op::SoftmaxGrad { .. } | Op::LogSoftmaxGrad { .. } => "softmax_grads_match_reference",
+        Op::CrossEntropyGrad => "cross_entropy_grad_matches_reference",
+        Op::Conv2dGradInput { .. } => "conv2d_grad_input_matches_reference",
+        Op::Conv2dGradWeight { .. } => "conv2d_grad_weight_matches_reference",
+        Op::MaxPool2dGrad { .. } => "max_pool2d_grad_matches_reference",
+        Op::AvgPool2dGrad { .. } => "avg_pool2d_grad_matches_reference",
+        Op::PadNarrow { .. } => "pad_narrow_matches_reference",
+        Op::EmbeddingGrad => "embedding_grad_matches_reference",
+    })
+}
+
+// --- leaves and elementwise -----------------------------------------------------------------
+
+#[test]
+fn const_matches_reference() {
+    check(&Op::Const { value: 0.8125 }, &[]);
+    check(&Op::Const { value: -3.0 }, &[]);
+}
+
+#[test]
+fn unary_ops_match_reference() {
+    let mut rng = Rng::new(1);
+    let x = rng.tensor_in(&[3, 7], -3.0, 3.0);
+    for op in [Op::Neg, Op::Relu, Op::Gelu, Op::Tanh, Op::Sigmoid, Op::Exp] {
+        check(&op, &[&x]);
+    }
+}
+
+#[test]
+fn log_and_sqrt_match_reference_on_positive_inputs() {
+    let mut rng = Rng::new(2);
+    let x = rng.tensor_in(&[4, 5], 0.05, 4.0);
+    check(&Op::Log, &[&x]);
+    check(&Op::Sqrt, &[&x]);
+}
+
+#[test]
+fn pow_scalar_matches_reference() {
+    let mut rng = Rng::new(3);
+    let any = rng.tensor_in(&[2, 3, 4], -2.0, 2.0);
+    let positive = rng.tensor_in(&[2, 3, 4], 0.1, 2.0);
+    check(&Op::PowScalar { exponent: 2.0 }, &[&any]);
+    check(&Op::PowScalar { exponent: 3.0 }, &[&any]);
+    check(&Op::PowScalar { exponent: 0.5 }, &[&positive]);
+    check(&Op::PowScalar { exponent: -1.5 }, &[&positive]);
+}
+
+#[test]
+fn binary_ops_match_reference() {
+    let mut rng = Rng::new(4);
+    let a = rng.tensor(&[3, 5]);
+    let b = rng.tensor_away_from_zero(&[3, 5], 0.25, 2.0);
+    for op in [Op::Add, Op::Sub, Op::Mul, Op::Div] {
+        check(&op, &[&a, &b]);
+    }
+}
+
+#[test]
+fn binary_ops_broadcast_like_numpy() {
+    let mut rng = Rng::new(5);
+    let a = rng.tensor(&[2, 1, 5]);
+    let b = rng.tensor_away_from_zero(&[3, 1], 0.25, 2.0);
+    let s = Tensor::scalar(rng.uniform(0.5, 1.5));
+    for op in [Op::Add, Op::Sub, Op::Mul, Op::Div] {
+        check(&op, &[&a, &b]);
+        check(&op, &[&b, &a]);
+        check(&op, &[&a, &s]);
+    }
+}
+
+// --- elementwise on views ---------------------------------------------------------------------
+
+#[test]
+fn unary_ops_read_permuted_views() {
+    let mut rng = Rng::new(6);
+    let x = permuted(&rng.tensor_in(&[4, 3, 5], -2.0, 2.0), &[2, 0, 1]);
+    for op in [Op::Neg, Op::Relu, Op::Gelu, Op::Tanh, Op::Sigmoid, Op::Exp] {
+        check(&op, &[&x]);
+    }
+}
+
+#[test]
+fn unary_ops_read_narrowed_views() {
+    let mut rng = Rng::new(7);
+    let x = narrowed(&rng.tensor_in(&[3, 9], 0.1, 2.0), 1, 3, 5);
+    for op in [Op::Exp, Op::Log, Op::Sqrt, Op::PowScalar { exponent: 2.0 }] {
+        check(&op, &[&x]);
+    }
+}
+
+#[test]
+fn binary_ops_read_strided_and_broadcast_operands() {
+    let mut rng = Rng::new(8);
+    let a = permuted(&rng.tensor(&[5, 4]), &[1, 0]);
+    let b = broadcast(&rng.tensor_away_from_zero(&[1, 5], 0.25, 2.0), &[4, 5]);
+    let c = narrowed(&rng.tensor_away_from_zero(&[6, 5], 0.25, 2.0), 0, 2, 4);
+    for op in [Op::Add, Op::Sub, Op::Mul, Op::Div] {
+        check(&op, &[&a, &b]);
+        check(&op, &[&b, &a]);
+        check(&op, &[&a, &c]);
+    }
+}
+
+// --- reductions ---------------------------------------------------------------------------------
+
+fn reductions(axes: &[usize], keepdim: bool) -> [Op; 3] {
+    [
+        Op::Sum { axes: axes.to_vec(), keepdim },
+        Op::Mean { axes: axes.to_vec(), keepdim },
+        Op::Max { axes: axes.to_vec(), keepdim },
+    ]
+}
+
+#[test]
+fn reductions_match_reference() {
+    let mut rng = Rng::new(9);
+    let x = rng.tensor(&[2, 3, 4]);
+    for axes in [vec![0], vec![1], vec![2], vec![0, 2], vec![0, 1, 2]] {
+        for keepdim in [false, true] {
+            for op in reductions(&axes, keepdim) {
+                check(&op, &[&x]);
+            }
+        }
+    }
+}
+
+#[test]
+fn reductions_over_a_long_axis_match_reference() {
+    let mut rng = Rng::new(10);
+    let x = rng.tensor(&[3, 1000]);
+    for op in reductions(&[1], false) {
+        check(&op, &[&x]);
+    }
+}
+
+#[test]
+fn reductions_read_permuted_broadcast_and_narrowed_views() {
+    let mut rng = Rng::new(11);
+    let p = permuted(&rng.tensor(&[4, 2, 3]), &[1, 2, 0]);
+    let b = broadcast(&rng.tensor(&[3, 1]), &[2, 3, 4]);
+    let n = narrowed(&rng.tensor(&[2, 3, 7]), 2, 2, 4);
+    for x in [&p, &b, &n] {
+        for axes in [vec![0], vec![2], vec![1, 2]] {
+            for op in reductions(&axes, false) {
+                check(&op, &[x]);
+            }
+        }
+    }
+}
+
+// --- matmul -------------------------------------------------------------------------------------
+
+#[test]
+fn matmul_matches_reference() {
+    let mut rng = Rng::new(12);
+    let (a, b) = (rng.tensor(&[3, 4]), rng.tensor(&[4, 5]));
+    check_contraction(&Op::MatMul, &[&a, &b], 4);
+    let (a, b) = (rng.tensor(&[17, 37]), rng.tensor(&[37, 19]));
+    check_contraction(&Op::MatMul, &[&a, &b], 37);
+    let (a, b) = (rng.tensor(&[33, 130]), rng.tensor(&[130, 70]));
+    check_contraction(&Op::MatMul, &[&a, &b], 130);
+}
+
+#[test]
+fn batched_matmul_broadcasts_batch_dims() {
+    let mut rng = Rng::new(13);
+    let (a, b) = (rng.tensor(&[2, 3, 4]), rng.tensor(&[2, 4, 5]));
+    check_contraction(&Op::MatMul, &[&a, &b], 4);
+    let (a, b) = (rng.tensor(&[2, 1, 3, 6]), rng.tensor(&[3, 6, 5]));
+    check_contraction(&Op::MatMul, &[&a, &b], 6);
+    let (a, b) = (rng.tensor(&[2, 3, 6]), rng.tensor(&[6, 5]));
+    check_contraction(&Op::MatMul, &[&a, &b], 6);
+}
+
+#[test]
+fn matmul_reads_transposed_operands() {
+    let mut rng = Rng::new(14);
+    let a = transposed_random(&mut rng, &[9, 21]);
+    let b = transposed_random(&mut rng, &[21, 11]);
+    let plain_b = rng.tensor(&[21, 11]);
+    check_contraction(&Op::MatMul, &[&a, &b], 21);
+    check_contraction(&Op::MatMul, &[&a, &plain_b], 21);
+    let a3 = transposed_random(&mut rng, &[2, 5, 7]);
+    let b3 = transposed_random(&mut rng, &[2, 7, 3]);
+    check_contraction(&Op::MatMul, &[&a3, &b3], 7);
+}
+
+#[test]
+fn matmul_reads_broadcast_and_narrowed_operands() {
+    let mut rng = Rng::new(15);
+    let a = rng.tensor(&[3, 4, 6]);
+    let shared_b = broadcast(&rng.tensor(&[6, 5]), &[3, 6, 5]);
+    check_contraction(&Op::MatMul, &[&a, &shared_b], 6);
+    let rows = broadcast(&rng.tensor(&[1, 6]), &[4, 6]);
+    let b = rng.tensor(&[6, 5]);
+    check_contraction(&Op::MatMul, &[&rows, &b], 6);
+    let window = narrowed(&rng.tensor(&[4, 10]), 1, 3, 6);
+    check_contraction(&Op::MatMul, &[&window, &b], 6);
+}
+
+// --- softmax and losses -----------------------------------------------------------------------
+
+#[test]
+fn softmax_and_log_softmax_match_reference() {
+    let mut rng = Rng::new(16);
+    let x2 = rng.tensor_in(&[4, 7], -4.0, 4.0);
+    let x3 = rng.tensor_in(&[2, 5, 3], -4.0, 4.0);
+    for axis in [0, 1] {
+        check(&Op::Softmax { axis }, &[&x2]);
+        check(&Op::LogSoftmax { axis }, &[&x2]);
+    }
+    for axis in [0, 1, 2] {
+        check(&Op::Softmax { axis }, &[&x3]);
+        check(&Op::LogSoftmax { axis }, &[&x3]);
+    }
+}
+
+#[test]
+fn softmax_reads_permuted_and_broadcast_views() {
+    let mut rng = Rng::new(17);
+    let p = permuted(&rng.tensor_in(&[6, 4], -3.0, 3.0), &[1, 0]);
+    let b = broadcast(&rng.tensor_in(&[1, 6], -3.0, 3.0), &[3, 6]);
+    for x in [&p, &b] {
+        for axis in [0, 1] {
+            check(&Op::Softmax { axis }, &[x]);
+            check(&Op::LogSoftmax { axis }, &[x]);
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_matches_reference() {
+    let mut rng = Rng::new(18);
+    let logits = rng.tensor_in(&[6, 5], -3.0, 3.0);
+    let labels = rng.ids(&[6], 5);
+    check(&Op::CrossEntropy, &[&logits, &labels]);
+    let transposed = transposed_random(&mut rng, &[6, 5]);
+    check(&Op::CrossEntropy, &[&transposed, &labels]);
+}
+
+#[test]
+fn mse_matches_reference() {
+    let mut rng = Rng::new(19);
+    let (a, b) = (rng.tensor(&[3, 4]), rng.tensor(&[3, 4]));
+    check(&Op::Mse, &[&a, &b]);
+    let p = permuted(&rng.tensor(&[4, 3]), &[1, 0]);
+    check(&Op::Mse, &[&p, &b]);
+}
+
+// --- convolution and pooling ------------------------------------------------------------------
+
+#[test]
+fn conv2d_matches_reference() {
+    let mut rng = Rng::new(20);
+    let x = rng.tensor(&[2, 3, 7, 6]);
+    let w = rng.tensor(&[4, 3, 3, 3]);
+    check_contraction(&Op::Conv2d { stride: [1, 1], padding: [0, 0] }, &[&x, &w], 27);
+    check_contraction(&Op::Conv2d { stride: [1, 1], padding: [1, 1] }, &[&x, &w], 27);
+    check_contraction(&Op::Conv2d { stride: [2, 1], padding: [1, 2] }, &[&x, &w], 27);
+    let w2 = rng.tensor(&[5, 3, 2, 4]);
+    check_contraction(&Op::Conv2d { stride: [2, 3], padding: [0, 1] }, &[&x, &w2], 24);
+}
+
+#[test]
+fn conv2d_reads_a_permuted_input() {
+    let mut rng = Rng::new(21);
+    // Stored NHWC, viewed as NCHW.
+    let x = permuted(&rng.tensor(&[2, 6, 5, 3]), &[0, 3, 1, 2]);
+    let w = rng.tensor(&[4, 3, 3, 3]);
+    check_contraction(&Op::Conv2d { stride: [1, 1], padding: [1, 1] }, &[&x, &w], 27);
+}
+
+#[test]
+fn conv2d_grad_input_matches_reference() {
+    let mut rng = Rng::new(22);
+    let x = rng.tensor(&[2, 3, 7, 6]);
+    let w = rng.tensor(&[4, 3, 3, 3]);
+    for (stride, padding, out) in [([1, 1], [0, 0], [5, 4]), ([1, 1], [1, 1], [7, 6]), ([2, 1], [1, 2], [4, 8])] {
+        let g = rng.tensor(&[2, 4, out[0], out[1]]);
+        check_contraction(&Op::Conv2dGradInput { stride, padding }, &[&g, &w, &x], 4 * 9);
+    }
+}
+
+#[test]
+fn conv2d_grad_weight_matches_reference() {
+    let mut rng = Rng::new(23);
+    let x = rng.tensor(&[2, 3, 7, 6]);
+    let w = rng.tensor(&[4, 3, 3, 3]);
+    for (stride, padding, out) in [([1, 1], [0, 0], [5, 4]), ([1, 1], [1, 1], [7, 6]), ([2, 1], [1, 2], [4, 8])] {
+        let g = rng.tensor(&[2, 4, out[0], out[1]]);
+        check_contraction(&Op::Conv2dGradWeight { stride, padding }, &[&x, &g, &w], 2 * out[0] * out[1]);
+    }
+}
+
+const POOLS: [([usize; 2], [usize; 2], [usize; 2]); 3] = [([2, 2], [2, 2], [0, 0]), ([3, 3], [2, 2], [1, 1]), ([3, 2], [1, 2], [1, 0])];
+
+/// Output height and width of a pooling window over `[h, w]`.
+fn pooled(h: usize, w: usize, (k, s, p): ([usize; 2], [usize; 2], [usize; 2])) -> [usize; 2] {
+    [(h + 2 * p[0] - k[0]) / s[0] + 1, (w + 2 * p[1] - k[1]) / s[1] + 1]
+}
+
+#[test]
+fn max_pool2d_matches_reference() {
+    let mut rng = Rng::new(24);
+    let x = rng.tensor(&[2, 3, 7, 6]);
+    let p = permuted(&rng.tensor(&[2, 7, 6, 3]), &[0, 3, 1, 2]);
+    for (kernel, stride, padding) in POOLS {
+        check(&Op::MaxPool2d { kernel, stride, padding }, &[&x]);
+        check(&Op::MaxPool2d { kernel, stride, padding }, &[&p]);
+    }
+}
+
+#[test]
+fn avg_pool2d_matches_reference() {
+    let mut rng = Rng::new(25);
+    let x = rng.tensor(&[2, 3, 7, 6]);
+    let p = permuted(&rng.tensor(&[2, 7, 6, 3]), &[0, 3, 1, 2]);
+    for (kernel, stride, padding) in POOLS {
+        check(&Op::AvgPool2d { kernel, stride, padding }, &[&x]);
+        check(&Op::AvgPool2d { kernel, stride, padding }, &[&p]);
+    }
+}
+
+#[test]
+fn max_pool2d_grad_matches_reference() {
+    let mut rng = Rng::new(26);
+    let x = rng.tensor(&[2, 3, 7, 6]);
+    for pool in POOLS {
+        let [oh, ow] = pooled(7, 6, pool);
+        let g = rng.tensor(&[2, 3, oh, ow]);
+        let (kernel, stride, padding) = pool;
+        check(&Op::MaxPool2dGrad { kernel, stride, padding }, &[&x, &g]);
+    }
+}
+
+#[test]
+fn avg_pool2d_grad_matches_reference() {
+    let mut rng = Rng::new(27);
+    let x = rng.tensor(&[2, 3, 7, 6]);
+    for pool in POOLS {
+        let [oh, ow] = pooled(7, 6, pool);
+        let g = rng.tensor(&[2, 3, oh, ow]);
+        let (kernel, stride, padding) = pool;
+        check(&Op::AvgPool2dGrad { kernel, stride, padding }, &[&x, &g]);
+    }
+}
+
+// --- embedding and dropout ------------------------------------------------------------------------
+
+#[test]
+fn embedding_matches_reference() {
+    let mut rng = Rng::new(28);
+    let table = rng.tensor(&[7, 4]);
+    let ids = rng.ids(&[2, 5], 7);
+    check(&Op::Embedding, &[&table, &ids]);
+    let transposed = transposed_random(&mut rng, &[7, 4]);
+    check(&Op::Embedding, &[&transposed, &ids]);
+}
+
+#[test]
+fn embedding_grad_matches_reference() {
+    let mut rng = Rng::new(29);
+    let table = rng.tensor(&[4, 3]);
+    // Ten ids over four rows: rows repeat, so their gradients must accumulate.
+    let ids = rng.ids(&[2, 5], 4);
+    let g = rng.tensor(&[2, 5, 3]);
+    check(&Op::EmbeddingGrad, &[&g, &ids, &table]);
+}
+
+#[test]
+fn eval_mode_dropout_mask_is_ones_like_reference() {
+    let mut rng = Rng::new(30);
+    let x = rng.tensor(&[3, 4]);
+    check(&Op::DropoutMask { p: 0.5 }, &[&x]);
+    let mask = run_op(&Op::DropoutMask { p: 0.5 }, &[&x], &mut Ctx::eval()).unwrap();
+    assert!(mask.to_vec_f32().unwrap().iter().all(|&v| v == 1.0));
+}
+
+fn train_mask(p: f64, n: usize, ctx: &mut Ctx) -> Vec<f32> {
+    let x = Tensor::full(&[n], 1.5);
+    run_op(&Op::DropoutMask { p }, &[&x], ctx).unwrap().to_vec_f32().unwrap()
+}
+
+#[test]
+fn train_mode_dropout_mask_holds_zero_or_inverse_keep_rate() {
+    let p = 0.3;
+    let mask = train_mask(p, 10_000, &mut Ctx::train(11));
+    let keep = (1.0 / (1.0 - p)) as f32;
+    assert!(mask.iter().all(|&v| v == 0.0 || v == keep), "a mask value is neither 0 nor {keep}");
+}
+
+#[test]
+fn train_mode_dropout_drops_about_p_of_the_elements() {
+    for p in [0.1, 0.3, 0.5] {
+        let mask = train_mask(p, 10_000, &mut Ctx::train(12));
+        let dropped = mask.iter().filter(|&&v| v == 0.0).count() as f64 / mask.len() as f64;
+        // The standard deviation of the fraction is at most 0.005 here.
+        assert!((dropped - p).abs() < 0.025, "p = {p}: dropped {dropped}");
+    }
+}
+
+#[test]
+fn train_mode_dropout_with_zero_p_keeps_everything() {
+    let mask = train_mask(0.0, 1000, &mut Ctx::train(13));
+    assert!(mask.iter().all(|&v| v == 1.0));
+}
+
+#[test]
+fn same_seed_gives_the_same_dropout_mask() {
+    let a = train_mask(0.4, 10_000, &mut Ctx::train(14));
+    let b = train_mask(0.4, 10_000, &mut Ctx::train(14));
+    assert_eq!(a, b);
+}
+
+#[test]
+fn different_seeds_and_successive_calls_give_different_masks() {
+    let mut ctx = Ctx::train(15);
+    let first = train_mask(0.4, 10_000, &mut ctx);
+    let second = train_mask(0.4, 10_000, &mut ctx);
+    let other_seed = train_mask(0.4, 10_000, &mut Ctx::train(16));
+    assert_ne!(first, second, "two masks drawn from one context must differ");
+    assert_ne!(first, other_seed, "masks of different seeds must differ");
+}
+
+#[test]
+fn train_mode_dropout_mask_has_the_reference_bits() {
+    let p = 0.25;
+    let mut ctx = Ctx::train(17);
+    let seed = ctx.clone().next_seed();
+    let x = Tensor::full(&[3, 500], 1.0);
+    let got = run_op(&Op::DropoutMask { p }, &[&x], &mut ctx).unwrap();
+    let env = HashMap::new();
+    let want = reference::eval(&Op::DropoutMask { p }, &[&to_array(&x)], &RefCtx { env: &env, train: true, seed }).unwrap();
+    let got = to_array(&got).data;
+    let zeros_differ = got.iter().zip(&want.data).filter(|(g, w)| (**g == 0.0) != (**w == 0.0)).count();
+    assert_eq!(zeros_differ, 0, "the runtime mask drops other elements than the reference for the same seed");
+    assert_close(&got, &want.data, 0.0, 1e-6, "dropout mask");
+}
+
+// --- layout ops ---------------------------------------------------------------------------------
+
+#[test]
+fn reshape_matches_reference() {
+    let mut rng = Rng::new(31);
+    let x = rng.tensor(&[3, 4]);
+    let to = |s: &[usize]| Op::Reshape { shape: s.iter().map(|&d| Dim::known(d)).collect() };
+    check(&to(&[2, 6]), &[&x]);
+    check(&to(&[12]), &[&x]);
+    check(&to(&[2, 1, 3, 2]), &[&x]);
+    // A strided input must be read in its logical order, not its buffer order.
+    let p = permuted(&rng.tensor(&[4, 3]), &[1, 0]);
+    check(&to(&[2, 6]), &[&p]);
+    check(&to(&[6, 2]), &[&narrowed(&rng.tensor(&[5, 4]), 0, 1, 3)]);
+}
+
+#[test]
+fn permute_matches_reference() {
+    let mut rng = Rng::new(32);
+    let x = rng.tensor(&[2, 3, 4]);
+    for perm in [[0, 1, 2], [2, 1, 0], [1, 2, 0], [0, 2, 1]] {
+        check(&Op::Permute { perm: perm.to_vec() }, &[&x]);
+    }
+    let p = permuted(&x, &[2, 0, 1]);
+    check(&Op::Permute { perm: vec![1, 0, 2] }, &[&p]);
+}
+
+#[test]
+fn concat_matches_reference() {
+    let mut rng = Rng::new(33);
+    let (a, b, c) = (rng.tensor(&[2, 3]), rng.tensor(&[2, 1]), rng.tensor(&[2, 4]));
+    check(&Op::Concat { axis: 1 }, &[&a, &b, &c]);
+    let (d, e) = (rng.tensor(&[1, 3]), rng.tensor(&[4, 3]));
+    check(&Op::Concat { axis: 0 }, &[&a, &d, &e]);
+    check(&Op::Concat { axis: 0 }, &[&a]);
+}
+
+#[test]
+fn concat_reads_strided_broadcast_and_narrowed_parts() {
+    let mut rng = Rng::new(34);
+    let p = permuted(&rng.tensor(&[3, 2]), &[1, 0]);
+    let b = broadcast(&rng.tensor(&[2, 1]), &[2, 4]);
+    let n = narrowed(&rng.tensor(&[2, 8]), 1, 5, 3);
+    check(&Op::Concat { axis: 1 }, &[&p, &b, &n]);
+    check(&Op::Concat { axis: 0 }, &[&p, &n]);
+}
+
+#[test]
+fn narrow_matches_reference() {
+    let mut rng = Rng::new(35);
+    let x = rng.tensor(&[3, 5, 4]);
+    check(&Op::Narrow { axis: 0, start: 1, len: 2 }, &[&x]);
+    check(&Op::Narrow { axis: 1, start: 2, len: 3 }, &[&x]);
+    check(&Op::Narrow { axis: 2, start: 0, len: 1 }, &[&x]);
+    // Narrowing a narrowed, permuted view composes offsets and strides.
+    let v = narrowed(&permuted(&x, &[2, 0, 1]), 2, 1, 4);
+    check(&Op::Narrow { axis: 0, start: 1, len: 3 }, &[&v]);
+}
+
+#[test]
+fn broadcast_to_matches_reference() {
+    let mut rng = Rng::new(36);
+    let x = rng.tensor(&[3, 1]);
+    check(&Op::BroadcastTo, &[&x, &rng.tensor(&[2, 3, 4])]);
+    let s = Tensor::scalar(rng.uniform(-1.0, 1.0));
+    check(&Op::BroadcastTo, &[&s, &rng.tensor(&[2, 2])]);
+    // A [3, 1] column of a transposed buffer: strided and at an offset.
+    let column = narrowed(&permuted(&rng.tensor(&[4, 3]), &[1, 0]), 1, 2, 1);
+    check(&Op::BroadcastTo, &[&column, &rng.tensor(&[5, 3, 2])]);
+}
+
+#[test]
+fn sum_to_matches_reference() {
+    let mut rng = Rng::new(37);
+    let g = rng.tensor(&[2, 3, 4]);
+    check(&Op::SumTo, &[&g, &rng.tensor(&[3, 1])]);
+    check(&Op::SumTo, &[&g, &rng.tensor(&[4])]);
+    check(&Op::SumTo, &[&g, &rng.tensor(&[1, 3, 4])]);
+    check(&Op::SumTo, &[&g, &Tensor::scalar(1.0)]);
+    check(&Op::SumTo, &[&g, &g]);
+    let p = permuted(&rng.tensor(&[4, 2, 3]), &[1, 2, 0]);
+    check(&Op::SumTo, &[&p, &rng.tensor(&[2, 1, 4])]);
+}
+
+#[test]
+fn pad_narrow_matches_reference() {
+    let mut rng = Rng::new(38);
+    let full = rng.tensor(&[2, 7]);
+    check(&Op::PadNarrow { axis: 1, start: 2 }, &[&rng.tensor(&[2, 3]), &full]);
+    check(&Op::PadNarrow { axis: 1, start: 0 }, &[&rng.tensor(&[2, 7]), &full]);
+    check(&Op::PadNarrow { axis: 0, start: 1 }, &[&rng.tensor(&[1, 7]), &full]);
+    let p = permuted(&rng.tensor(&[4, 2]), &[1, 0]);
+    check(&Op::PadNarrow { axis: 1, start: 3 }, &[&p, &full]);
+}
+
+// --- backward-only ops --------------------------------------------------------------------------
+
+#[test]
+fn relu_grad_and_gelu_grad_match_reference() {
+    let mut rng = Rng::new(39);
+    let x = rng.tensor_in(&[3, 6], -3.0, 3.0);
+    let g = rng.tensor(&[3, 6]);
+    check(&Op::ReluGrad, &[&x, &g]);
+    check(&Op::GeluGrad, &[&x, &g]);
+    let gt = permuted(&rng.tensor(&[6, 3]), &[1, 0]);
+    check(&Op::ReluGrad, &[&x, &gt]);
+    check(&Op::GeluGrad, &[&x, &gt]);
+}
+
+#[test]
+fn mean_grad_matches_reference() {
+    let mut rng = Rng::new(40);
+    let x = rng.tensor(&[2, 3, 4]);
+    check(&Op::MeanGrad { axes: vec![1], keepdim: false }, &[&x, &rng.tensor(&[2, 4])]);
+    check(&Op::MeanGrad { axes: vec![1], keepdim: true }, &[&x, &rng.tensor(&[2, 1, 4])]);
+    check(&Op::MeanGrad { axes: vec![0, 2], keepdim: false }, &[&x, &rng.tensor(&[3])]);
+    check(&Op::MeanGrad { axes: vec![0, 1, 2], keepdim: false }, &[&x, &Tensor::scalar(rng.uniform(-1.0, 1.0))]);
+}
+
+#[test]
+fn max_grad_matches_reference() {
+    let mut rng = Rng::new(41);
+    let x = rng.tensor(&[2, 3, 4]);
+    check(&Op::MaxGrad { axes: vec![1], keepdim: false }, &[&x, &rng.tensor(&[2, 4])]);
+    check(&Op::MaxGrad { axes: vec![2], keepdim: true }, &[&x, &rng.tensor(&[2, 3, 1])]);
+    check(&Op::MaxGrad { axes: vec![0, 1, 2], keepdim: false }, &[&x, &Tensor::scalar(rng.uniform(-1.0, 1.0))]);
+    let p = permuted(&rng.tensor(&[4, 2, 3]), &[1, 2, 0]);
+    check(&Op::MaxGrad { axes: vec![0], keepdim: false }, &[&p, &rng.tensor(&[3, 4])]);
+}
+
+#[test]
+fn softmax_grads_match_reference() {
+    let mut rng = Rng::new(42);
+    let x = rng.tensor_in(&[4, 6], -3.0, 3.0);
+    let g = rng.tensor(&[4, 6]);
+    for axis in [0, 1] {
+        let y = run_op(&Op::Softmax { axis }, &[&x], &mut Ctx::eval()).unwrap();
+        check(&Op::SoftmaxGrad { axis }, &[&y, &g]);
+        let ly = run_op(&Op::LogSoftmax { axis }, &[&x], &mut Ctx::eval()).unwrap();
+        check(&Op::LogSoftmaxGrad { axis }, &[&ly, &g]);
+    }
+    let gt = permuted(&rng.tensor(&[6, 4]), &[1, 0]);
+    let y = run_op(&Op::Softmax { axis: 1 }, &[&x], &mut Ctx::eval()).unwrap();
+    check(&Op::SoftmaxGrad { axis: 1 }, &[&y, &gt]);
+}
+
+#[test]
+fn cross_entropy_grad_matches_reference() {
+    let mut rng = Rng::new(43);
+    let logits = rng.tensor_in(&[6, 5], -3.0, 3.0);
+    let labels = rng.ids(&[6], 5);
+    let g = Tensor::scalar(rng.uniform(0.5, 2.0));
+    check(&Op::CrossEntropyGrad, &[&logits, &labels, &g]);
+    let transposed = transposed_random(&mut rng, &[6, 5]);
+    check(&Op::CrossEntropyGrad, &[&transposed, &labels, &g]);
+}
