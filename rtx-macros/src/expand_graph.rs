@@ -106,7 +106,7 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
     }) {
         let (type_name, mut path) = missing;
         if let Some(last) = path.segments.last_mut() {
-            last.ident = format_ident!("__rtx_graph_{}", type_name, span = last.ident.span());
+            last.ident = crate::callback_ident("graph", &type_name, last.ident.span());
             last.arguments = syn::PathArguments::None;
         }
         let (s, i) = (&input.item_struct, &input.item_impl);
@@ -144,7 +144,7 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
     let self_ty = &item_impl.self_ty;
     let attrs = &item_impl.attrs;
     let name = &model.name;
-    let callback = format_ident!("__rtx_graph_{}", name);
+    let callback = crate::callback_ident("graph", &name.to_string(), name.span());
     let s = &input.item_struct;
     let nested_sections = nested_raw.iter().map(|raw| quote!(@nested { #raw }));
     Ok(quote! {
@@ -388,11 +388,19 @@ fn signature_text(f: &GraphFnDef, ir: &GraphFn) -> String {
     format!("({}) -> {}", ins.join(", "), rtx_ir::fmt_shape(&ir.graph.node(ir.output).shape)).replace("self", &f.name.to_string())
 }
 
-/// Each generic-dimension equality becomes a `SameDim` bound that rustc checks at
-/// `cargo check`, spanned at the user's expression.
+/// Each generic-dimension equality becomes a `DimEq` check that rustc runs at `cargo check`:
+/// `<DimCheck as DimEq<{ FOUND }, { EXPECTED }>>::check();`. The path of `DimCheck` starts at
+/// the first token of the user's expression and ends at its last, so rustc underlines the
+/// whole sub-expression; each pair of dimensions is checked once (the first place it arose).
 fn emit_obligations(cx: &Ctxt, obligations: &[Obligation]) -> TokenStream {
     let mut out = TokenStream::new();
+    let mut seen: Vec<(String, String)> = Vec::new();
     for o in obligations {
+        let (f, e) = (o.found.to_string(), o.expected.to_string());
+        if seen.iter().any(|(a, b)| (*a == f && *b == e) || (*a == e && *b == f)) {
+            continue;
+        }
+        seen.push((f, e));
         let (Some(found), Some(expected)) = (single(&o.found), single(&o.expected)) else {
             cx.error_spanned_by(
                 &o.tokens,
@@ -403,9 +411,12 @@ fn emit_obligations(cx: &Ctxt, obligations: &[Obligation]) -> TokenStream {
             );
             continue;
         };
-        let span = o.tokens.clone().into_iter().next().map(|t| t.span()).unwrap_or_else(Span::call_site);
-        out.extend(quote_spanned! {span=>
-            ::rtx_core::shapes::assert_same_dim::<::rtx_core::shapes::Dim<{ #found }>, ::rtx_core::shapes::Dim<{ #expected }>>();
+        let mut toks = o.tokens.clone().into_iter();
+        let first = toks.next().map(|t| t.span()).unwrap_or_else(Span::call_site);
+        let last = toks.last().map(|t| t.span()).unwrap_or(first);
+        let check = format_ident!("DimCheck", span = last);
+        out.extend(quote_spanned! {first=>
+            <::rtx_core::shapes:: #check as ::rtx_core::shapes::DimEq<{ #found }, { #expected }>>::check();
         });
     }
     out
@@ -413,7 +424,7 @@ fn emit_obligations(cx: &Ctxt, obligations: &[Obligation]) -> TokenStream {
 
 fn single(d: &Dim) -> Option<TokenStream> {
     if let Some(n) = d.as_known() {
-        return Some(n.to_token_stream());
+        return Some(proc_macro2::Literal::usize_unsuffixed(n).to_token_stream());
     }
     match d.as_single_atom() {
         Some(Atom::Param(p)) => {

@@ -4,19 +4,40 @@
 use crate::internals::ast::ModelStruct;
 use crate::internals::ctxt::Ctxt;
 use proc_macro2::TokenStream;
-use quote::{format_ident, quote};
+use quote::quote;
 use std::collections::HashMap;
 
 pub fn expand(item: syn::ItemStruct) -> syn::Result<TokenStream> {
     let cx = Ctxt::new();
     let model = ModelStruct::from_item(&item, &HashMap::new(), &cx);
-    cx.check()?;
     let name = &item.ident;
+    let callback = crate::callback_ident("model", &name.to_string(), name.span());
+    if let Err(e) = cx.check() {
+        // Report the struct's errors only: its `#[model] impl` calls back here and vanishes,
+        // and a field-less stand-in keeps the type's name defined, rather than adding
+        // "cannot find macro `__rtx_model_..`" or "cannot find type" to the real errors.
+        let errors = e.to_compile_error();
+        let vis = &item.vis;
+        let all_const = item.generics.params.iter().all(|p| matches!(p, syn::GenericParam::Const(_)));
+        let generics = if all_const { item.generics.clone() } else { syn::Generics::default() };
+        return Ok(quote! {
+            #errors
+            #[allow(dead_code)]
+            #vis struct #name #generics {}
+            #[doc(hidden)]
+            #[allow(unused_macros)]
+            macro_rules! #callback {
+                ($($rest:tt)*) => {};
+            }
+            #[doc(hidden)]
+            #[allow(unused_imports)]
+            pub(crate) use #callback;
+        });
+    }
     let (impl_g, ty_g, where_g) = item.generics.split_for_impl();
     let fields: Vec<&syn::Ident> = model.fields.iter().map(|f| &f.name).collect();
     let tys: Vec<&syn::Type> = model.fields.iter().map(|f| &f.ty).collect();
     let names: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
-    let callback = format_ident!("__rtx_model_{}", name);
     Ok(quote! {
         #item
 

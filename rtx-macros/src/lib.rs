@@ -14,7 +14,7 @@ mod expand_struct;
 mod internals;
 
 use proc_macro::TokenStream;
-use quote::{format_ident, quote};
+use quote::quote;
 
 /// Marks a model struct (fields are layers, parameters or nested models) or the impl that
 /// holds its `graph!` block.
@@ -33,11 +33,27 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
             let Some(name) = self_type_name(&i) else {
                 return syn::Error::new_spanned(&i.self_ty, "#[model] impl needs a plain struct type").to_compile_error().into();
             };
-            let callback = format_ident!("__rtx_model_{}", name);
-            quote!(#callback! { @impl { #i } }).into()
+            let callback = callback_ident("model", &name.to_string(), name.span());
+            // The empty impl makes rustc report a misspelled type as "cannot find type", with
+            // its did-you-mean, next to the unavoidable "cannot find macro" of the callback.
+            let (impl_g, _, where_g) = i.generics.split_for_impl();
+            let self_ty = &i.self_ty;
+            quote!(#callback! { @impl { #i } } impl #impl_g #self_ty #where_g {}).into()
         }
         Err(_) => syn::Error::new_spanned(item2, "#[model] goes on a struct or on the impl that holds its graph! block").to_compile_error().into(),
     }
+}
+
+/// The name of a model's hidden callback macro: `__rtx_model_Mlp_<hash>` (struct side) or
+/// `__rtx_graph_Mlp_<hash>` (impl side). The hash of the type name keeps the names of two
+/// similar types far apart, so a misspelled type never draws rustc's "a macro with a similar
+/// name exists" suggestion, which would propose the hidden macro as the fix.
+pub(crate) fn callback_ident(kind: &str, type_name: &str, span: proc_macro2::Span) -> syn::Ident {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in type_name.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    syn::Ident::new(&format!("__rtx_{kind}_{type_name}_{h:016x}"), span)
 }
 
 fn self_type_name(i: &syn::ItemImpl) -> Option<syn::Ident> {
@@ -60,8 +76,9 @@ pub fn __model_impl(input: TokenStream) -> TokenStream {
 /// `graph!` is read by `#[model]` on the enclosing impl; on its own it is an error.
 #[proc_macro]
 pub fn graph(input: TokenStream) -> TokenStream {
-    let input: proc_macro2::TokenStream = input.into();
-    syn::Error::new_spanned(input, "graph! must be inside an impl marked #[model]\n\n= help: write `#[model] impl MyModel { graph! { .. } }`")
+    let _ = input;
+    // Spans the whole `graph! { .. }` invocation: the error is where graph! stands.
+    syn::Error::new(proc_macro2::Span::call_site(), "graph! must be inside an impl marked #[model]\n\n= help: add `#[model]` on the line above the `impl` that holds this graph! block")
         .to_compile_error()
         .into()
 }

@@ -4,11 +4,12 @@
 //! (`Linear(784, 128)`) are checked by the `graph!` macro itself, which can
 //! point at the offending tokens with exact spans. *Generic* dimensions (a
 //! model's `const IN: usize`) cannot be known by the macro, so its generated
-//! code calls [`assert_same_dim`] inside the model's generic `impl`, and rustc
-//! rejects a mismatch at `cargo check` time with the [`SameDim`] diagnostic.
+//! code checks [`DimEq`] inside the model's generic `impl`, and rustc rejects a
+//! mismatch at `cargo check` time with that trait's diagnostic ([`SameDim`] and
+//! [`assert_same_dim`] are the same check on [`Dim`] types).
 //! *Symbolic* dimensions (the batch `B`, a sequence length) are bound at run
 //! time. This crate provides the compile-time pieces: const-generic markers
-//! ([`Dim`], [`SameDim`]), typenum dimension arithmetic ([`arith`]) and
+//! ([`Dim`], [`DimEq`], [`SameDim`]), typenum dimension arithmetic ([`arith`]) and
 //! type-level shapes ([`shape`]).
 //!
 //! Crate map: `rtx-shapes` <- `rtx-ir` <- `rtx-macros`; `rtx-core`
@@ -53,10 +54,52 @@ pub trait SameDim<Rhs> {}
 
 impl<const N: usize> SameDim<Dim<N>> for Dim<N> {}
 
+/// The receiver of [`DimEq`] checks: `<DimCheck as DimEq<FOUND, EXPECTED>>::check()`.
+///
+/// `graph!` spans this type's path over the user's sub-expression, so rustc underlines
+/// that expression when the check fails.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct DimCheck;
+
+/// Implemented only when the two const-generic dimensions are equal *as written*.
+///
+/// What `graph!` emits for each generic-dimension equality it cannot decide:
+/// `<DimCheck as DimEq<{ HID }, { IN }>>::check();` inside the model's generic impl, so
+/// rustc rejects a mismatch at `cargo check` with a message that names both dimensions
+/// as the user wrote them (`expected dimension `IN`, found `HID``), not as type paths.
+///
+/// ```
+/// use rtx_shapes::{DimCheck, DimEq};
+/// fn layer<const IN: usize, const HID: usize>() {
+///     <DimCheck as DimEq<IN, IN>>::check();
+///     <DimCheck as DimEq<3, 3>>::check();
+/// }
+/// ```
+///
+/// ```compile_fail,E0277
+/// use rtx_shapes::{DimCheck, DimEq};
+/// fn layer<const IN: usize, const HID: usize>() {
+///     <DimCheck as DimEq<HID, IN>>::check(); // shape mismatch: expected dimension `IN`, found `HID`
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "shape mismatch: expected dimension `{EXPECTED}`, found `{FOUND}`",
+    label = "expected `{EXPECTED}`, found `{FOUND}`",
+    note = "these dimensions must be equal for every value of the model's generic parameters",
+    note = "a generic dimension only matches itself; if the two are meant to be equal, use one parameter for both"
+)]
+pub trait DimEq<const FOUND: usize, const EXPECTED: usize> {
+    /// Does nothing; compiles only when `FOUND` and `EXPECTED` are the same dimension.
+    #[inline(always)]
+    fn check() {}
+}
+
+impl<const N: usize> DimEq<N, N> for DimCheck {}
+
 /// Compile-time check that dimension `Found` equals dimension `Expected`.
 ///
-/// Called by `graph!`'s generated code inside the model's generic impl, so
-/// rustc checks it at `cargo check`. The first type argument is the
+/// The type-level form of [`DimEq`], for code that holds dimensions as [`Dim`] types; rustc
+/// checks it at `cargo check`. The first type argument is the
 /// dimension actually produced (found), the second the one the consumer
 /// expects.
 ///
@@ -93,6 +136,13 @@ mod tests {
     }
 
     const _: () = assert_same_dim::<Dim<7>, Dim<7>>();
+
+    #[allow(dead_code)]
+    fn generic_dim_eq<const IN: usize, const HID: usize>() {
+        <DimCheck as DimEq<IN, IN>>::check();
+        <DimCheck as DimEq<{ HID }, { HID }>>::check();
+        <DimCheck as DimEq<4, 4>>::check();
+    }
 
     #[test]
     fn dim_value_const() {

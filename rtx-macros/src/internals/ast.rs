@@ -69,10 +69,13 @@ pub fn dim_from_expr(e: &syn::Expr, symbols: &[syn::Ident], params: &[syn::Ident
             if params.iter().any(|s| *s == id) {
                 return Ok(Dim::param(&id));
             }
+            let mut decl: Vec<String> = symbols.iter().map(|s| s.to_string()).collect();
+            decl.push(id.clone());
             Err(syn::Error::new_spanned(
                 e,
                 format!(
-                    "unknown dimension `{id}`\n\n= help: declare it as a symbolic dimension of the graph function, e.g. `fn forward<{id}>(..)`, or as a const generic of the model"
+                    "unknown dimension `{id}`\n\n= help: declare it as a symbolic dimension of the graph function, `fn name<{}>(..)`, or as a const generic of the model",
+                    decl.join(", ")
                 ),
             ))
         }
@@ -106,6 +109,23 @@ fn layer_kind(ty: &syn::Type, params: &[syn::Ident], env: &HashMap<String, Dim>,
         return None;
     };
     let last = tp.path.segments.last()?;
+    // Plain Rust types are never models; without this they would be taken for a nested
+    // model and fail later as "cannot find macro `__rtx_graph_f32`".
+    const NOT_LAYERS: &[&str] = &[
+        "f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32", "u64", "u128",
+        "usize", "bool", "char", "str", "String", "Vec", "Option", "Box", "Rc", "Arc", "HashMap", "Tensor",
+    ];
+    let ty_name = last.ident.to_string();
+    if tp.qself.is_none() && NOT_LAYERS.contains(&ty_name.as_str()) {
+        cx.error_spanned_by(
+            ty,
+            format!(
+                "`{}` is not a layer: every field of a #[model] struct is a layer, a parameter or another #[model] struct\n\n= help: use Linear, Conv2d, Embedding, LayerNorm or Param1..Param4 (a learned scalar is `Param1<1>`); keep other state outside the model",
+                ty.to_token_stream()
+            ),
+        );
+        return None;
+    }
     let args: Vec<syn::GenericArgument> = match &last.arguments {
         syn::PathArguments::AngleBracketed(a) => a.args.iter().cloned().collect(),
         syn::PathArguments::None => Vec::new(),

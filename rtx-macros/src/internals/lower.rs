@@ -137,13 +137,22 @@ impl<'a> Lowerer<'a> {
         let out = out?;
         let declared = declared?;
         let found = self.shape(out).clone();
-        let same = declared.len() == found.len() && declared.iter().zip(&found).all(|(d, g)| self.u.same(d, g));
+        let tail = block_tail(&f.body);
+        // Generic dims become `DimEq` checks for rustc, like every other equality.
+        let same = declared.len() == found.len() && declared.iter().zip(&found).all(|(d, g)| self.same_or_oblige(g, d, &tail));
         if !same {
-            let tail = block_tail(&f.body);
+            let which = if declared.len() != found.len() {
+                format!(" (rank {} vs {})", declared.len(), found.len())
+            } else {
+                match declared.iter().zip(&found).position(|(d, g)| d != g) {
+                    Some(i) => format!(" (dimension {i}: declared {}, computed {})", declared[i], found[i]),
+                    None => String::new(),
+                }
+            };
             self.cx.error_spanned_by(
                 tail,
                 format!(
-                    "shape mismatch in the result of `{}`: the signature declares {}, the body computes {}\n\n= help: change the declared output shape after `->`, or the last expression",
+                    "shape mismatch in the result of `{}`: the signature declares {}, the body computes {}{which}\n\n= help: change the declared output shape after `->`, or the last expression",
                     f.name,
                     fmt_shape(&declared),
                     fmt_shape(&found)
@@ -213,12 +222,13 @@ impl<'a> Lowerer<'a> {
                 match sc.vars.get(&name) {
                     Some(&n) => Some(n),
                     None => {
-                        let mut known: Vec<&String> = sc.vars.keys().collect();
+                        let mut known: Vec<&str> = sc.vars.keys().map(String::as_str).collect();
                         known.sort();
+                        let hint = closest(&name, &known).map(|k| format!("did you mean `{k}`? ")).unwrap_or_default();
                         let known: Vec<String> = known.iter().map(|k| format!("`{k}`")).collect();
                         self.cx.error_spanned_by(
                             e,
-                            format!("unknown variable `{}` in graph!\n\n= help: the values in scope are {}", p.to_token_stream(), known.join(", ")),
+                            format!("unknown variable `{}` in graph!\n\n= help: {hint}the values in scope are {}", p.to_token_stream(), known.join(", ")),
                         );
                         None
                     }
@@ -525,7 +535,9 @@ impl<'a> Lowerer<'a> {
                 }
             }
             if !ok {
-                let err = ShapeError { arg: i, kind: ShapeErrorKind::Mismatch { axis: (expected.len() == found.len()).then(|| expected.iter().zip(&found).position(|(a, b)| a != b)).flatten(), expected, found }, help: None };
+                let declared: Vec<String> = inp.dims.iter().map(|d| d.to_token_stream().to_string()).collect();
+                let help = format!("`{key}` takes `{}: {}[{}]`", inp.name, if inp.dtype == ElemType::I64 { "i64" } else { "" }, declared.join(", "));
+                let err = ShapeError { arg: i, kind: ShapeErrorKind::Mismatch { axis: (expected.len() == found.len()).then(|| expected.iter().zip(&found).position(|(a, b)| a != b)).flatten(), expected, found }, help: Some(help) };
                 self.cx.error_spanned_by(&m.args[i], message(callsite, &err));
                 return None;
             }
@@ -543,16 +555,21 @@ impl<'a> Lowerer<'a> {
         out
     }
 
-    fn axis_arg(&self, e: &syn::Expr, rank: usize, what: &str) -> Option<usize> {
+    /// An axis argument of the tensor of shape `shape` (negative counts from the end).
+    fn axis_arg(&self, e: &syn::Expr, shape: &[Dim], what: &str) -> Option<usize> {
         let Some(v) = int_literal(e) else {
             self.cx.error_spanned_by(e, format!("the {what} must be an integer literal"));
             return None;
         };
+        let rank = shape.len();
         let r = rank as i64;
         if v < -r || v >= r {
             self.cx.error_spanned_by(
                 e,
-                format!("{what} {v} is out of range for a tensor of rank {rank}\n\n= help: valid axes are 0..{rank}, or -{rank}..-1 counted from the end"),
+                format!(
+                    "{what} {v} is out of range for a tensor of shape {} (rank {rank})\n\n= help: valid axes are 0..{rank}, or -{rank}..-1 counted from the end",
+                    fmt_shape(shape)
+                ),
             );
             return None;
         }
@@ -611,6 +628,20 @@ impl<'a> Lowerer<'a> {
                 }
                 let x = self.lower_expr(sc, a[0]);
                 let y = self.lower_expr(sc, a[1]);
+                if let (Some(y), "cross_entropy") = (y, name.as_str()) {
+                    if self.graph.node(y).dtype != DType::I64 {
+                        let ys = fmt_shape(self.shape(y));
+                        let decl = match a[1] {
+                            syn::Expr::Path(p) if p.path.get_ident().is_some() => format!("`{}: i64{ys}`", p.to_token_stream()),
+                            _ => format!("`y: i64{ys}`"),
+                        };
+                        self.cx.error_spanned_by(
+                            a[1],
+                            format!("dtype mismatch in `cross_entropy(..)`: the labels must be integer class indices (i64), found a float tensor of shape {ys}\n\n= help: declare the labels as integers in the signature, e.g. {decl}"),
+                        );
+                        return None;
+                    }
+                }
                 let op = match name.as_str() {
                     "matmul" => Op::MatMul,
                     "cross_entropy" => Op::CrossEntropy,
@@ -623,7 +654,7 @@ impl<'a> Lowerer<'a> {
                     return None;
                 }
                 let x = self.lower_expr(sc, a[0])?;
-                let axis = self.axis_arg(a[1], self.shape(x).len(), "softmax axis")?;
+                let axis = self.axis_arg(a[1], &self.shape(x).clone(), "softmax axis")?;
                 let op = if name == "softmax" { Op::Softmax { axis } } else { Op::LogSoftmax { axis } };
                 self.push(op, &[x], &callsite, e, &toks)
             }
@@ -632,16 +663,17 @@ impl<'a> Lowerer<'a> {
                     return None;
                 }
                 let x = self.lower_expr(sc, a[0])?;
-                let rank = self.shape(x).len();
+                let xs = self.shape(x).clone();
+                let rank = xs.len();
                 let mut axes = Vec::new();
                 match a.get(1) {
                     None => axes = (0..rank).collect(),
                     Some(syn::Expr::Array(arr)) => {
                         for el in &arr.elems {
-                            axes.push(self.axis_arg(el, rank, &format!("{name} axis"))?);
+                            axes.push(self.axis_arg(el, &xs, &format!("{name} axis"))?);
                         }
                     }
-                    Some(ax) => axes.push(self.axis_arg(ax, rank, &format!("{name} axis"))?),
+                    Some(ax) => axes.push(self.axis_arg(ax, &xs, &format!("{name} axis"))?),
                 }
                 axes.sort_unstable();
                 axes.dedup();
@@ -691,7 +723,7 @@ impl<'a> Lowerer<'a> {
                 let x = self.lower_expr(sc, a[0])?;
                 let xs = self.shape(x).clone();
                 let start = match a.get(1) {
-                    Some(s) => self.axis_arg(s, xs.len(), "flatten start axis")?,
+                    Some(s) => self.axis_arg(s, &xs, "flatten start axis")?,
                     None => 1.min(xs.len()),
                 };
                 let mut shape: Shape = xs[..start].to_vec();
@@ -700,12 +732,13 @@ impl<'a> Lowerer<'a> {
             }
             "transpose" | "permute" => {
                 let x = self.lower_expr(sc, a.first().copied()?)?;
-                let rank = self.shape(x).len();
+                let xs = self.shape(x).clone();
+                let rank = xs.len();
                 let perm = if name == "transpose" {
                     if !nargs(self, 3, 3, "(x, axis_a, axis_b)") {
                         return None;
                     }
-                    let (i, j) = (self.axis_arg(a[1], rank, "transpose axis")?, self.axis_arg(a[2], rank, "transpose axis")?);
+                    let (i, j) = (self.axis_arg(a[1], &xs, "transpose axis")?, self.axis_arg(a[2], &xs, "transpose axis")?);
                     let mut p: Vec<usize> = (0..rank).collect();
                     p.swap(i, j);
                     p
@@ -719,7 +752,7 @@ impl<'a> Lowerer<'a> {
                     };
                     let mut p = Vec::new();
                     for el in &arr.elems {
-                        p.push(self.axis_arg(el, rank, "permute axis")?);
+                        p.push(self.axis_arg(el, &xs, "permute axis")?);
                     }
                     p
                 };
@@ -735,8 +768,8 @@ impl<'a> Lowerer<'a> {
                 };
                 let parts: Vec<Option<NodeId>> = arr.elems.iter().map(|el| self.lower_expr(sc, el)).collect();
                 let parts: Vec<NodeId> = parts.into_iter().collect::<Option<_>>()?;
-                let rank = parts.first().map(|&p| self.shape(p).len()).unwrap_or(0);
-                let axis = self.axis_arg(a[1], rank, "concat axis")?;
+                let first: Shape = parts.first().map(|&p| self.shape(p).clone()).unwrap_or_default();
+                let axis = self.axis_arg(a[1], &first, "concat axis")?;
                 let el_toks: Vec<&dyn ToTokens> = arr.elems.iter().map(|x| x as &dyn ToTokens).collect();
                 self.push(Op::Concat { axis }, &parts, &callsite, e, &el_toks)
             }
@@ -745,7 +778,7 @@ impl<'a> Lowerer<'a> {
                     return None;
                 }
                 let x = self.lower_expr(sc, a[0])?;
-                let axis = self.axis_arg(a[1], self.shape(x).len(), "narrow axis")?;
+                let axis = self.axis_arg(a[1], &self.shape(x).clone(), "narrow axis")?;
                 let (Some(start), Some(len)) = (int_literal(a[2]), int_literal(a[3])) else {
                     self.cx.error_spanned_by(e, "the start and length of `narrow` must be integer literals");
                     return None;
@@ -807,6 +840,11 @@ const OP_NAMES: &[&str] = &[
 
 /// The closest op name within edit distance 2.
 fn suggest(name: &str) -> Option<&'static str> {
+    closest(name, OP_NAMES)
+}
+
+/// The closest of `candidates` to `name` within edit distance 2 (the first on ties).
+fn closest<'c>(name: &str, candidates: &[&'c str]) -> Option<&'c str> {
     fn dist(a: &str, b: &str) -> usize {
         let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
         let mut prev: Vec<usize> = (0..=b.len()).collect();
@@ -819,7 +857,7 @@ fn suggest(name: &str) -> Option<&'static str> {
         }
         prev[b.len()]
     }
-    OP_NAMES.iter().map(|o| (dist(name, o), *o)).filter(|(d, _)| *d <= 2).min().map(|(_, o)| o)
+    candidates.iter().map(|o| (dist(name, o), *o)).filter(|(d, _)| *d <= 2 && *d < name.len()).min_by_key(|(d, _)| *d).map(|(_, o)| o)
 }
 
 /// "shape mismatch in `self.fc2(..)`: expected [B, 127], found [B, 128]" plus a help line.

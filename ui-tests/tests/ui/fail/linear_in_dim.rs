@@ -1,0 +1,18 @@
+use rtx_core::prelude::*;
+
+#[model]
+pub struct Mlp {
+    fc1: Linear<64, 128>,
+    fc2: Linear<127, 10>,
+}
+
+#[model]
+impl Mlp {
+    graph! {
+        fn forward<B>(&self, x: [B, 64]) -> [B, 10] {
+            self.fc2(relu(self.fc1(x)))
+        }
+    }
+}
+
+fn main() {}
