@@ -6,13 +6,16 @@
 use clap::{Parser, Subcommand, ValueEnum};
 use models::cnn::Cnn;
 use models::mlp::Mlp;
-use models::train::{train, Classifier, TrainConfig, TrainReport};
+use models::train::{Classifier, TrainConfig, TrainReport, train};
 use rtx_core::prelude::*;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "models", about = "Train RustyTorch++ models on the embedded 8x8 digits data set")]
+#[command(
+    name = "models",
+    about = "Train RustyTorch++ models on the embedded 8x8 digits data set"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -55,17 +58,30 @@ fn run<M: Classifier>(cfg: &TrainConfig, save: Option<PathBuf>) -> Result<TrainR
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (which, epochs, seed, save) = match cli.command {
-        Some(Command::Train { model, epochs, seed, save }) => (model, epochs, seed, save),
+        Some(Command::Train {
+            model,
+            epochs,
+            seed,
+            save,
+        }) => (model, epochs, seed, save),
         None => (Which::Mlp, None, 0, None),
     };
-    let cfg = TrainConfig { epochs, seed, progress: true, verbose: true };
+    let cfg = TrainConfig {
+        epochs,
+        seed,
+        progress: true,
+        verbose: true,
+    };
     let result = match which {
         Which::Mlp => run::<Mlp>(&cfg, save),
         Which::Cnn => run::<Cnn>(&cfg, save),
     };
     match result {
         Ok(r) => {
-            println!("final: model={} test_accuracy={:.4} epochs={} seconds={:.1}", r.model, r.test_accuracy, r.epochs, r.seconds);
+            println!(
+                "final: model={} test_accuracy={:.4} epochs={} seconds={:.1}",
+                r.model, r.test_accuracy, r.epochs, r.seconds
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {

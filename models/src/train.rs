@@ -2,7 +2,7 @@
 //! loss-and-gradient function of the model, an optimizer step, and accuracy per epoch.
 
 use crate::cnn::Cnn;
-use crate::data::{load_digits, Digits, PIXELS};
+use crate::data::{Digits, PIXELS, load_digits};
 use crate::mlp::Mlp;
 use indicatif::{ProgressBar, ProgressStyle};
 use rtx_core::prelude::*;
@@ -86,12 +86,20 @@ pub fn accuracy<M: Classifier>(model: &M, data: &Digits) -> Result<f64> {
     }
     let idx: Vec<usize> = (0..data.len).collect();
     let (x, y) = data.batch(&idx);
-    let logits = model.logits(&Tensor::from_vec(x, &M::input_shape(data.len))?)?.to_vec_f32()?;
+    let logits = model
+        .logits(&Tensor::from_vec(x, &M::input_shape(data.len))?)?
+        .to_vec_f32()?;
     let correct = logits
         .chunks(10)
         .zip(&y)
         .filter(|(row, label)| {
-            let best = row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b });
+            let best = row
+                .iter()
+                .enumerate()
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+                );
             best.0 as i64 == **label
         })
         .count();
@@ -143,7 +151,9 @@ pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
     let batches = train_set.len.div_ceil(batch);
     let bar = if cfg.progress {
         let b = ProgressBar::new((epochs * batches) as u64);
-        if let Ok(style) = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} batches {msg}") {
+        if let Ok(style) = ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} batches {msg}",
+        ) {
             b.set_style(style);
         }
         b
@@ -172,11 +182,22 @@ pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
         let acc = accuracy(&model, &test_set)?;
         bar.set_message(format!("epoch {epoch} loss {mean:.4} test_acc {acc:.4}"));
         if cfg.verbose {
-            bar.suspend(|| println!("epoch {epoch:>3}/{epochs}  loss {mean:.4}  test_accuracy {acc:.4}  {:.1}s", start.elapsed().as_secs_f64()));
+            bar.suspend(|| {
+                println!(
+                    "epoch {epoch:>3}/{epochs}  loss {mean:.4}  test_accuracy {acc:.4}  {:.1}s",
+                    start.elapsed().as_secs_f64()
+                )
+            });
         }
     }
     bar.finish_and_clear();
     let test_accuracy = accuracy(&model, &test_set)?;
-    let report = TrainReport { model: M::NAME, epochs, epoch_losses, test_accuracy, seconds: start.elapsed().as_secs_f64() };
+    let report = TrainReport {
+        model: M::NAME,
+        epochs,
+        epoch_losses,
+        test_accuracy,
+        seconds: start.elapsed().as_secs_f64(),
+    };
     Ok((model, report))
 }

@@ -10,13 +10,13 @@
 
 mod common;
 
-use common::{bits, to_array, Rng};
+use common::{Rng, bits, to_array};
 use models::cnn::Cnn;
 use models::mlp::Mlp;
 use models::train::Classifier;
 use rtx_core::exec::run_graph;
 use rtx_core::ir::reference::{self, Array, RefCtx};
-use rtx_core::ir::{GraphFn, ModelIr, Op, IR_VERSION};
+use rtx_core::ir::{GraphFn, IR_VERSION, ModelIr, Op};
 use rtx_core::{Ctx, Module, RtxError, Tensor};
 use std::collections::HashMap;
 
@@ -32,7 +32,8 @@ fn setup<M: Classifier>(seed: u64) -> (M, Tensor, Tensor) {
 }
 
 fn loss_fn(ir: &ModelIr) -> &GraphFn {
-    ir.function("loss").expect("the model IR has a `loss` function")
+    ir.function("loss")
+        .expect("the model IR has a `loss` function")
 }
 
 /// The name of each parameter leaf with a gradient in `f`, and the node holding the gradient.
@@ -47,10 +48,23 @@ fn param_grads(f: &GraphFn) -> Vec<(String, Option<usize>)> {
 }
 
 /// Loss and parameter gradients of `loss` run node by node by the IR executor.
-fn executor_loss_and_grads<M: Module>(model: &M, ir: &ModelIr, ctx: &mut Ctx, x: &Tensor, y: &Tensor) -> (Tensor, Vec<(String, Tensor)>) {
+fn executor_loss_and_grads<M: Module>(
+    model: &M,
+    ir: &ModelIr,
+    ctx: &mut Ctx,
+    x: &Tensor,
+    y: &Tensor,
+) -> (Tensor, Vec<(String, Tensor)>) {
     let f = loss_fn(ir);
     let params: HashMap<String, Tensor> = model.named_params().into_iter().collect();
-    let values = run_graph(f, &[x, y], &|n| params.get(n).cloned(), &HashMap::new(), ctx).unwrap();
+    let values = run_graph(
+        f,
+        &[x, y],
+        &|n| params.get(n).cloned(),
+        &HashMap::new(),
+        ctx,
+    )
+    .unwrap();
     let grads = param_grads(f)
         .into_iter()
         .map(|(name, id)| {
@@ -69,19 +83,36 @@ fn assert_compiled_matches_executor<M: Classifier>(ir: &ModelIr, seed: u64, trai
     let ctx = || if train { Ctx::train(seed) } else { Ctx::eval() };
     let (loss, grads) = Classifier::loss_and_grads(&model, &mut ctx(), &x, &y).unwrap();
     let (exec_loss, exec_grads) = executor_loss_and_grads(&model, ir, &mut ctx(), &x, &y);
-    assert_eq!(bits(&loss), bits(&exec_loss), "loss: compiled {:?}, executor {:?}", loss, exec_loss);
+    assert_eq!(
+        bits(&loss),
+        bits(&exec_loss),
+        "loss: compiled {:?}, executor {:?}",
+        loss,
+        exec_loss
+    );
     if train {
         let (eval_loss, _) = Classifier::loss_and_grads(&model, &mut Ctx::eval(), &x, &y).unwrap();
-        assert_ne!(bits(&eval_loss), bits(&loss), "test setup: dropout should change the training-mode loss");
+        assert_ne!(
+            bits(&eval_loss),
+            bits(&loss),
+            "test setup: dropout should change the training-mode loss"
+        );
     }
     let names: Vec<&str> = grads.iter().map(|(n, _)| n).collect();
     let exec_names: Vec<&str> = exec_grads.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, exec_names, "gradient names");
     let model_names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(names, model_names, "every parameter has a gradient, in the model's order");
+    assert_eq!(
+        names, model_names,
+        "every parameter has a gradient, in the model's order"
+    );
     for ((name, g), (_, eg)) in grads.iter().zip(&exec_grads) {
         assert_eq!(g.shape(), eg.shape(), "gradient of {name}: shape");
-        assert!(bits(g) == bits(eg), "gradient of {name} differs (max abs diff {})", g.max_abs_diff(eg).unwrap());
+        assert!(
+            bits(g) == bits(eg),
+            "gradient of {name} differs (max abs diff {})",
+            g.max_abs_diff(eg).unwrap()
+        );
     }
 }
 
@@ -111,24 +142,56 @@ fn cnn_compiled_loss_and_grads_match_the_ir_executor_with_dropout_on() {
 
 /// The model's parameters widened to f64, by name.
 fn f64_params<M: Module>(model: &M) -> HashMap<String, Array> {
-    model.named_params().into_iter().map(|(n, t)| (n, to_array(&t))).collect()
+    model
+        .named_params()
+        .into_iter()
+        .map(|(n, t)| (n, to_array(&t)))
+        .collect()
 }
 
 /// Evaluates the whole `loss` graph (forward and backward nodes) in f64, eval mode.
 fn reference_values(f: &GraphFn, params: &HashMap<String, Array>, inputs: &[Array]) -> Vec<Array> {
+    reference_values_in(f, params, inputs, false, 0)
+}
+
+/// The same, in train mode with dropout seed stream `seed` when `train`.
+fn reference_values_in(
+    f: &GraphFn,
+    params: &HashMap<String, Array>,
+    inputs: &[Array],
+    train: bool,
+    seed: u64,
+) -> Vec<Array> {
     let env = HashMap::new();
-    reference::run(&f.graph, inputs, &|n| params.get(n).cloned(), &RefCtx { env: &env, train: false, seed: 0 })
-        .unwrap_or_else(|e| panic!("reference run of `loss` failed: {e}"))
+    reference::run(
+        &f.graph,
+        inputs,
+        &|n| params.get(n).cloned(),
+        &RefCtx {
+            env: &env,
+            train,
+            seed,
+        },
+    )
+    .unwrap_or_else(|e| panic!("reference run of `loss` failed: {e}"))
 }
 
 fn reference_loss(f: &GraphFn, params: &HashMap<String, Array>, inputs: &[Array]) -> f64 {
     let v = &reference_values(f, params, inputs)[f.output];
-    assert!(v.shape.is_empty(), "loss must be a scalar, found shape {:?}", v.shape);
+    assert!(
+        v.shape.is_empty(),
+        "loss must be a scalar, found shape {:?}",
+        v.shape
+    );
     v.data[0]
 }
 
 /// The float64 gradient of every parameter from the graph's backward nodes.
-fn reference_grads(f: &GraphFn, params: &HashMap<String, Array>, inputs: &[Array]) -> HashMap<String, Array> {
+fn reference_grads(
+    f: &GraphFn,
+    params: &HashMap<String, Array>,
+    inputs: &[Array],
+) -> HashMap<String, Array> {
     let values = reference_values(f, params, inputs);
     param_grads(f)
         .into_iter()
@@ -183,18 +246,47 @@ fn assert_compiled_grads_match_reference<M: Classifier>(ir: &ModelIr, seed: u64)
     let want_loss = reference_loss(f, &params, &inputs);
     let (loss, grads) = Classifier::loss_and_grads(&model, &mut Ctx::eval(), &x, &y).unwrap();
     let loss = loss.item().unwrap() as f64;
-    assert!((loss - want_loss).abs() <= 1e-5 * want_loss.abs(), "loss: compiled {loss}, reference {want_loss}");
+    assert!(
+        (loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+        "loss: compiled {loss}, reference {want_loss}"
+    );
     assert_eq!(grads.len(), want.len(), "number of parameter gradients");
     for (name, g) in grads.iter() {
         let w = &want[name];
         assert_eq!(g.shape(), w.shape.as_slice(), "gradient of {name}: shape");
         let scale = w.data.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        assert!(scale > 0.0, "gradient of {name} is all zeros: the check would be vacuous");
+        assert!(
+            scale > 0.0,
+            "gradient of {name} is all zeros: the check would be vacuous"
+        );
         for (i, (&c, &r)) in g.to_vec_f32().unwrap().iter().zip(&w.data).enumerate() {
             let err = (c as f64 - r).abs();
-            assert!(err <= 1e-3 * r.abs().max(1e-2 * scale), "gradient of {name}[{i}]: compiled {c:e}, reference {r:e} (error {err:e})");
+            assert!(
+                err <= 1e-3 * r.abs().max(1e-2 * scale),
+                "gradient of {name}[{i}]: compiled {c:e}, reference {r:e} (error {err:e})"
+            );
         }
     }
+}
+
+#[test]
+fn cnn_train_mode_loss_with_dropout_matches_the_reference_with_the_same_seed() {
+    let (model, x, y) = setup::<Cnn>(21);
+    let ir = Cnn::graph().unwrap();
+    let f = loss_fn(&ir);
+    let inputs = [to_array(&x), to_array(&y)];
+    let want = reference_values_in(f, &f64_params(&model), &inputs, true, 77)[f.output].data[0];
+    let eval = reference_values_in(f, &f64_params(&model), &inputs, false, 77)[f.output].data[0];
+    let (loss, _) = Classifier::loss_and_grads(&model, &mut Ctx::train(77), &x, &y).unwrap();
+    let got = loss.item().unwrap() as f64;
+    assert!(
+        (want - eval).abs() > 1e-6,
+        "dropout had no effect on the reference loss; the check would be vacuous"
+    );
+    assert!(
+        (got - want).abs() <= 1e-5 * want.abs(),
+        "train-mode loss: compiled {got}, reference {want}"
+    );
 }
 
 #[test]
@@ -230,7 +322,12 @@ fn forward_with_a_wrong_feature_size_is_a_shape_mismatch_naming_both_shapes() {
     let model = Mlp::init(9);
     let x = Rng::new(9).images(&[4, 65]);
     let err = model.forward(&x).unwrap_err();
-    let RtxError::ShapeMismatch { expected, found, .. } = &err else { panic!("expected ShapeMismatch, got {err:?}") };
+    let RtxError::ShapeMismatch {
+        expected, found, ..
+    } = &err
+    else {
+        panic!("expected ShapeMismatch, got {err:?}")
+    };
     assert!(expected.contains("[B, 64]"), "expected: {expected}");
     assert!(found.contains("[4, 65]"), "found: {found}");
     assert_mentions(&err.to_string(), &["[B, 64]", "[4, 65]"]);
@@ -250,7 +347,12 @@ fn forward_with_integer_input_is_a_dtype_mismatch() {
     let model = Mlp::init(11);
     let x = Tensor::from_i64(vec![1; 4 * 64], &[4, 64]).unwrap();
     let err = model.forward(&x).unwrap_err();
-    let RtxError::DTypeMismatch { expected, found, .. } = &err else { panic!("expected DTypeMismatch, got {err:?}") };
+    let RtxError::DTypeMismatch {
+        expected, found, ..
+    } = &err
+    else {
+        panic!("expected DTypeMismatch, got {err:?}")
+    };
     assert_eq!((expected.as_str(), found.as_str()), ("f32", "i64"));
 }
 
@@ -270,7 +372,17 @@ fn labels_of_another_batch_size_are_a_shape_mismatch_naming_the_bound_symbol() {
     let (x, y) = (rng.images(&[4, 64]), rng.labels(5));
     let err = model.loss_and_grads(&mut Ctx::eval(), &x, &y).unwrap_err();
     assert!(matches!(err, RtxError::ShapeMismatch { .. }), "{err:?}");
-    assert_mentions(&err.to_string(), &["`y`", "Mlp::loss", "[B]", "B = 4", "[5]"]);
+    assert_mentions(
+        &err.to_string(),
+        &[
+            "`y`",
+            "Mlp::loss",
+            "[B]",
+            "B = 4",
+            "[5]",
+            "bound by argument `x`",
+        ],
+    );
     let err = model.loss(&x, &y).unwrap_err();
     assert_mentions(&err.to_string(), &["B = 4"]);
 }
@@ -282,7 +394,15 @@ fn labels_out_of_range_are_an_index_error() {
     for bad in [10, -1] {
         let y = Tensor::from_i64(vec![2, bad, 7], &[3]).unwrap();
         let err = model.loss_and_grads(&mut Ctx::eval(), &x, &y).unwrap_err();
-        let RtxError::IndexOutOfRange { index, value, limit, .. } = err else { panic!("expected IndexOutOfRange, got {err:?}") };
+        let RtxError::IndexOutOfRange {
+            index,
+            value,
+            limit,
+            ..
+        } = err
+        else {
+            panic!("expected IndexOutOfRange, got {err:?}")
+        };
         assert_eq!((index, value, limit), (1, bad, 10));
     }
 }

@@ -3,14 +3,19 @@
 
 mod common;
 
-use common::{bits, Rng};
+use common::{Rng, bits};
 use models::cnn::Cnn;
 use models::mlp::Mlp;
-use models::train::{train, Classifier, TrainConfig};
+use models::train::{Classifier, TrainConfig, train};
 use rtx_core::{Ctx, Module};
 
 fn config(epochs: usize, seed: u64) -> TrainConfig {
-    TrainConfig { epochs: Some(epochs), seed, progress: false, verbose: false }
+    TrainConfig {
+        epochs: Some(epochs),
+        seed,
+        progress: false,
+        verbose: false,
+    }
 }
 
 /// The epoch losses of a fresh training run, as bit patterns.
@@ -22,11 +27,18 @@ fn loss_bits<M: Classifier>(epochs: usize, seed: u64) -> Vec<u32> {
 fn run_bits<M: Classifier>(epochs: usize, seed: u64) -> (Vec<u32>, u64) {
     let (_, report) = train::<M>(&config(epochs, seed)).unwrap();
     assert_eq!(report.epoch_losses.len(), epochs);
-    (report.epoch_losses.iter().map(|l| l.to_bits()).collect(), report.test_accuracy.to_bits())
+    (
+        report.epoch_losses.iter().map(|l| l.to_bits()).collect(),
+        report.test_accuracy.to_bits(),
+    )
 }
 
 fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(f)
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
 }
 
 #[test]
@@ -67,5 +79,9 @@ fn large_batch_gradients_do_not_depend_on_the_thread_count() {
 fn one_cnn_epoch_brings_the_loss_below_chance() {
     let (_, report) = train::<Cnn>(&config(1, 3)).unwrap();
     let chance = 10f32.ln();
-    assert!(report.epoch_losses[0] < chance, "first-epoch loss {} is not below ln 10 = {chance}", report.epoch_losses[0]);
+    assert!(
+        report.epoch_losses[0] < chance,
+        "first-epoch loss {} is not below ln 10 = {chance}",
+        report.epoch_losses[0]
+    );
 }

@@ -20,7 +20,11 @@ impl Layout {
             strides[i] = acc;
             acc *= shape[i];
         }
-        Layout { shape: shape.to_vec(), strides, offset: 0 }
+        Layout {
+            shape: shape.to_vec(),
+            strides,
+            offset: 0,
+        }
     }
 
     pub fn numel(&self) -> usize {
@@ -65,7 +69,11 @@ impl Layout {
                 self.strides[i]
             };
         }
-        Layout { shape: shape.to_vec(), strides, offset: self.offset }
+        Layout {
+            shape: shape.to_vec(),
+            strides,
+            offset: self.offset,
+        }
     }
 
     /// Elements `start..start+len` along `axis`.
@@ -91,8 +99,16 @@ pub struct StridedIndex<'a> {
 
 impl<'a> StridedIndex<'a> {
     fn new(layout: &'a Layout) -> Self {
-        let next = if layout.numel() == 0 { None } else { Some(layout.offset) };
-        StridedIndex { layout, counter: vec![0; layout.rank()], next }
+        let next = if layout.numel() == 0 {
+            None
+        } else {
+            Some(layout.offset)
+        };
+        StridedIndex {
+            layout,
+            counter: vec![0; layout.rank()],
+            next,
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! every later use. A mismatch is an `RtxError::ShapeMismatch` naming both shapes.
 
 use crate::error::{Result, RtxError};
-use crate::tensor::{fmt_dims, DType, Tensor};
+use crate::tensor::{DType, Tensor, fmt_dims};
 
 pub struct Binder {
     function: &'static str,
@@ -12,7 +12,10 @@ pub struct Binder {
 
 impl Binder {
     pub fn new(function: &'static str) -> Binder {
-        Binder { function, bound: Vec::new() }
+        Binder {
+            function,
+            bound: Vec::new(),
+        }
     }
 
     fn mismatch(&self, arg: &str, declared: &str, t: &Tensor, why: String) -> RtxError {
@@ -23,7 +26,14 @@ impl Binder {
         }
     }
 
-    pub fn arg(&mut self, arg: &str, t: &Tensor, declared: &str, rank: usize, dtype: DType) -> Result<()> {
+    pub fn arg(
+        &mut self,
+        arg: &str,
+        t: &Tensor,
+        declared: &str,
+        rank: usize,
+        dtype: DType,
+    ) -> Result<()> {
         if t.dtype() != dtype {
             return Err(RtxError::DTypeMismatch {
                 context: format!("argument `{arg}` of `{}`", self.function),
@@ -38,11 +48,23 @@ impl Binder {
     }
 
     /// Binds symbol `sym` to `t.shape()[axis]`, or checks it against an earlier binding.
-    pub fn bind(&mut self, arg: &'static str, t: &Tensor, declared: &str, axis: usize, sym: &'static str) -> Result<usize> {
+    pub fn bind(
+        &mut self,
+        arg: &'static str,
+        t: &Tensor,
+        declared: &str,
+        axis: usize,
+        sym: &'static str,
+    ) -> Result<usize> {
         let v = t.shape()[axis];
         if let Some(&(_, prev, from)) = self.bound.iter().find(|(s, _, _)| *s == sym) {
             if prev != v {
-                return Err(self.mismatch(arg, declared, t, format!(" with {sym} = {prev} (bound by argument `{from}`)")));
+                return Err(self.mismatch(
+                    arg,
+                    declared,
+                    t,
+                    format!(" with {sym} = {prev} (bound by argument `{from}`)"),
+                ));
             }
             return Ok(v);
         }
@@ -51,10 +73,25 @@ impl Binder {
     }
 
     /// Checks `t.shape()[axis] == value`.
-    pub fn expect(&mut self, arg: &str, t: &Tensor, declared: &str, axis: usize, value: usize) -> Result<()> {
+    pub fn expect(
+        &mut self,
+        arg: &str,
+        t: &Tensor,
+        declared: &str,
+        axis: usize,
+        value: usize,
+    ) -> Result<()> {
         if t.shape()[axis] != value {
-            let syms: Vec<String> = self.bound.iter().map(|(s, v, _)| format!("{s} = {v}")).collect();
-            let why = if syms.is_empty() { String::new() } else { format!(" with {}", syms.join(", ")) };
+            let syms: Vec<String> = self
+                .bound
+                .iter()
+                .map(|(s, v, _)| format!("{s} = {v}"))
+                .collect();
+            let why = if syms.is_empty() {
+                String::new()
+            } else {
+                format!(" with {}", syms.join(", "))
+            };
             return Err(self.mismatch(arg, declared, t, why));
         }
         Ok(())

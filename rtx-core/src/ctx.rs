@@ -11,13 +11,19 @@ pub struct Ctx {
 impl Ctx {
     /// Inference: dropout is the identity.
     pub fn eval() -> Ctx {
-        Ctx { train: false, rng: Rng::new(0) }
+        Ctx {
+            train: false,
+            rng: Rng::new(0),
+        }
     }
 
     /// Training: dropout masks come from a stream seeded with `seed`, so two runs with the
     /// same seed draw the same masks.
     pub fn train(seed: u64) -> Ctx {
-        Ctx { train: true, rng: Rng::new(seed) }
+        Ctx {
+            train: true,
+            rng: Rng::new(seed),
+        }
     }
 
     /// The seed of the next dropout mask.

@@ -6,18 +6,34 @@ use thiserror::Error;
 pub enum RtxError {
     /// A tensor's shape does not fit where it was used.
     #[error("shape mismatch in {context}: expected {expected}, found {found}")]
-    ShapeMismatch { context: String, expected: String, found: String },
+    ShapeMismatch {
+        context: String,
+        expected: String,
+        found: String,
+    },
     /// A tensor of the wrong element type.
     #[error("dtype mismatch in {context}: expected {expected}, found {found}")]
-    DTypeMismatch { context: String, expected: String, found: String },
+    DTypeMismatch {
+        context: String,
+        expected: String,
+        found: String,
+    },
     /// A class label or embedding id outside its range.
     #[error("{context}: value {value} at position {index} is outside 0..{limit}")]
-    IndexOutOfRange { context: String, index: usize, value: i64, limit: usize },
+    IndexOutOfRange {
+        context: String,
+        index: usize,
+        value: i64,
+        limit: usize,
+    },
     /// A weights file that cannot be used; the model is left unchanged.
     #[error("checkpoint {path}: {message}")]
     Checkpoint { path: String, message: String },
     #[error("I/O error on {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     /// Anything else the user asked for that cannot be done, worded in full.
     #[error("{0}")]
     Invalid(String),

@@ -22,14 +22,26 @@ pub fn run_graph(
     let mut values: Vec<Tensor> = Vec::with_capacity(f.graph.len());
     for node in &f.graph.nodes {
         let v = match &node.op {
-            Op::Input { index, name, shape, .. } => {
-                let t = *inputs.get(*index).ok_or_else(|| RtxError::Invalid(format!("graph `{}` needs input `{name}` (#{index})", f.name)))?;
+            Op::Input {
+                index, name, shape, ..
+            } => {
+                let t = *inputs.get(*index).ok_or_else(|| {
+                    RtxError::Invalid(format!(
+                        "graph `{}` needs input `{name}` (#{index})",
+                        f.name
+                    ))
+                })?;
                 bind(&mut env, name, shape, t)?;
                 t.clone()
             }
-            Op::Param { name, .. } => params(name).ok_or_else(|| RtxError::Invalid(format!("no parameter `{name}`")))?,
+            Op::Param { name, .. } => {
+                params(name).ok_or_else(|| RtxError::Invalid(format!("no parameter `{name}`")))?
+            }
             Op::Reshape { shape } => {
-                let dims = shape.iter().map(|d| eval(d, &env).map(Dim::known)).collect::<Result<Vec<Dim>>>()?;
+                let dims = shape
+                    .iter()
+                    .map(|d| eval(d, &env).map(Dim::known))
+                    .collect::<Result<Vec<Dim>>>()?;
                 run_op(&Op::Reshape { shape: dims }, &[&values[node.args[0]]], ctx)?
             }
             op => {
@@ -45,7 +57,11 @@ pub fn run_graph(
 fn eval(d: &Dim, env: &HashMap<String, i64>) -> Result<usize> {
     d.eval(env)
         .and_then(|v| usize::try_from(v).ok())
-        .ok_or_else(|| RtxError::Invalid(format!("dimension `{d}` cannot be evaluated: a symbol or generic parameter has no value")))
+        .ok_or_else(|| {
+            RtxError::Invalid(format!(
+                "dimension `{d}` cannot be evaluated: a symbol or generic parameter has no value"
+            ))
+        })
 }
 
 /// Binds the input's bare symbols and checks its other dims.

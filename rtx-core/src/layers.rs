@@ -1,7 +1,7 @@
 //! Built-in layers. Each is a `Module` with PyTorch's parameter names, layouts and default
 //! initialization; `graph!` knows their call semantics and shapes from their type parameters.
 
-use crate::module::{join_name, Module};
+use crate::module::{Module, join_name};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 
@@ -29,7 +29,10 @@ impl<const IN: usize, const OUT: usize> Module for Linear<IN, OUT> {
     /// and the same bound for the bias.
     fn init_with(rng: &mut Rng) -> Self {
         let bound = 1.0 / (IN.max(1) as f32).sqrt();
-        Linear { weight: uniform(rng, &[OUT, IN], bound), bias: uniform(rng, &[OUT], bound) }
+        Linear {
+            weight: uniform(rng, &[OUT, IN], bound),
+            bias: uniform(rng, &[OUT], bound),
+        }
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
         f(&join_name(prefix, "weight"), &self.weight);
@@ -43,18 +46,27 @@ impl<const IN: usize, const OUT: usize> Module for Linear<IN, OUT> {
 
 /// 2-D convolution with a square `K`x`K` kernel; weight `[C_OUT, C_IN, K, K]`, bias `[C_OUT]`.
 #[derive(Clone, Debug)]
-pub struct Conv2d<const C_IN: usize, const C_OUT: usize, const K: usize, const STRIDE: usize = 1, const PAD: usize = 0> {
+pub struct Conv2d<
+    const C_IN: usize,
+    const C_OUT: usize,
+    const K: usize,
+    const STRIDE: usize = 1,
+    const PAD: usize = 0,
+> {
     pub weight: Tensor,
     pub bias: Tensor,
 }
 
-impl<const C_IN: usize, const C_OUT: usize, const K: usize, const STRIDE: usize, const PAD: usize> Module
-    for Conv2d<C_IN, C_OUT, K, STRIDE, PAD>
+impl<const C_IN: usize, const C_OUT: usize, const K: usize, const STRIDE: usize, const PAD: usize>
+    Module for Conv2d<C_IN, C_OUT, K, STRIDE, PAD>
 {
     /// PyTorch: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = C_IN*K*K, weight and bias.
     fn init_with(rng: &mut Rng) -> Self {
         let bound = 1.0 / ((C_IN * K * K).max(1) as f32).sqrt();
-        Conv2d { weight: uniform(rng, &[C_OUT, C_IN, K, K], bound), bias: uniform(rng, &[C_OUT], bound) }
+        Conv2d {
+            weight: uniform(rng, &[C_OUT, C_IN, K, K], bound),
+            bias: uniform(rng, &[C_OUT], bound),
+        }
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
         f(&join_name(prefix, "weight"), &self.weight);
@@ -74,7 +86,9 @@ pub struct Embedding<const V: usize, const D: usize> {
 
 impl<const V: usize, const D: usize> Module for Embedding<V, D> {
     fn init_with(rng: &mut Rng) -> Self {
-        Embedding { weight: normal(rng, &[V, D], 1.0) }
+        Embedding {
+            weight: normal(rng, &[V, D], 1.0),
+        }
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
         f(&join_name(prefix, "weight"), &self.weight);
@@ -97,7 +111,10 @@ impl<const D: usize> LayerNorm<D> {
 
 impl<const D: usize> Module for LayerNorm<D> {
     fn init_with(_rng: &mut Rng) -> Self {
-        LayerNorm { weight: Tensor::full(&[D], 1.0), bias: Tensor::zeros(&[D]) }
+        LayerNorm {
+            weight: Tensor::full(&[D], 1.0),
+            bias: Tensor::zeros(&[D]),
+        }
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
         f(&join_name(prefix, "weight"), &self.weight);

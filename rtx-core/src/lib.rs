@@ -23,7 +23,7 @@ pub mod tensor;
 pub use ctx::Ctx;
 pub use error::{Result, RtxError};
 pub use layers::{Conv2d, Embedding, LayerNorm, Linear, Param1, Param2, Param3, Param4};
-pub use module::{join_name, Grads, Module};
+pub use module::{Grads, Module, join_name};
 pub use rng::Rng;
 pub use tensor::{DType, Tensor};
 
@@ -40,7 +40,10 @@ pub mod prelude {
     //! Everything a model file needs.
     pub use crate::checkpoint::Checkpoint;
     pub use crate::optim::{Adam, AdamW, Optimizer, Sgd};
-    pub use crate::{graph, model};
-    pub use crate::{Conv2d, Ctx, DType, Embedding, Grads, LayerNorm, Linear, Module, Param1, Param2, Param3, Param4};
+    pub use crate::{
+        Conv2d, Ctx, DType, Embedding, Grads, LayerNorm, Linear, Module, Param1, Param2, Param3,
+        Param4,
+    };
     pub use crate::{Result, Rng, RtxError, Tensor};
+    pub use crate::{graph, model};
 }

@@ -41,7 +41,11 @@ pub trait Module {
 
 /// `prefix.name`, or `name` at the top level.
 pub fn join_name(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") }
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
 }
 
 /// Gradients of a scalar with respect to every parameter, in the model's parameter order.

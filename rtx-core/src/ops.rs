@@ -7,8 +7,8 @@
 use crate::ctx::Ctx;
 use crate::error::{Result, RtxError};
 use crate::tensor::{DType, Tensor};
-use rtx_backends::cpu::{self, BinaryOp, ReduceOp, UnaryOp};
 use rtx_backends::Layout;
+use rtx_backends::cpu::{self, BinaryOp, ReduceOp, UnaryOp};
 use rtx_ir::{Dim, Op, ShapeErrorKind, Unifier};
 
 fn ir_shape(s: &[usize]) -> rtx_ir::Shape {
@@ -25,16 +25,24 @@ fn ir_dtype(t: &Tensor) -> rtx_ir::DType {
 /// Runs the op's shape rule on concrete shapes; returns the output shape.
 pub fn check_shapes(op: &Op, args: &[&Tensor]) -> Result<Vec<usize>> {
     let shapes: Vec<rtx_ir::Shape> = args.iter().map(|t| ir_shape(t.shape())).collect();
-    let info: Vec<(&rtx_ir::Shape, rtx_ir::DType)> = shapes.iter().zip(args).map(|(s, t)| (s, ir_dtype(t))).collect();
+    let info: Vec<(&rtx_ir::Shape, rtx_ir::DType)> = shapes
+        .iter()
+        .zip(args)
+        .map(|(s, t)| (s, ir_dtype(t)))
+        .collect();
     let mut u = Unifier::default();
     match rtx_ir::infer(op, &info, &mut u) {
         Ok((shape, _)) => shape
             .iter()
             .map(|d| d.as_known())
             .collect::<Option<Vec<usize>>>()
-            .ok_or_else(|| RtxError::Invalid(format!("{}: output shape is not concrete", op.name()))),
+            .ok_or_else(|| {
+                RtxError::Invalid(format!("{}: output shape is not concrete", op.name()))
+            }),
         Err(e) => Err(match e.kind {
-            ShapeErrorKind::Mismatch { expected, found, .. } => RtxError::ShapeMismatch {
+            ShapeErrorKind::Mismatch {
+                expected, found, ..
+            } => RtxError::ShapeMismatch {
                 context: format!("`{}` argument {}", op.name(), e.arg),
                 expected: rtx_ir::fmt_shape(&expected),
                 found: rtx_ir::fmt_shape(&found),
@@ -50,14 +58,28 @@ fn f32s<'a>(t: &'a Tensor, op: &Op) -> Result<(&'a [f32], &'a Layout)> {
 
 fn ids(t: &Tensor, limit: usize, context: &str) -> Result<Vec<i64>> {
     let v = t.to_vec_i64()?;
-    if let Some((index, &value)) = v.iter().enumerate().find(|(_, x)| **x < 0 || **x as usize >= limit) {
-        return Err(RtxError::IndexOutOfRange { context: context.to_string(), index, value, limit });
+    if let Some((index, &value)) = v
+        .iter()
+        .enumerate()
+        .find(|(_, x)| **x < 0 || **x as usize >= limit)
+    {
+        return Err(RtxError::IndexOutOfRange {
+            context: context.to_string(),
+            index,
+            value,
+            limit,
+        });
     }
     Ok(v)
 }
 
 fn label_error(e: cpu::LabelOutOfRange) -> RtxError {
-    RtxError::IndexOutOfRange { context: "cross_entropy labels".into(), index: e.index, value: e.label, limit: e.classes }
+    RtxError::IndexOutOfRange {
+        context: "cross_entropy labels".into(),
+        index: e.index,
+        value: e.label,
+        limit: e.classes,
+    }
 }
 
 fn unary(op: &Op, x: &Tensor, u: UnaryOp) -> Result<Tensor> {
@@ -94,7 +116,11 @@ fn unreduce_layout(g: &Layout, shape: &[usize], axes: &[usize], keepdim: bool) -
                 j += 1;
             }
         }
-        l = Layout { shape: s, strides: st, offset: g.offset };
+        l = Layout {
+            shape: s,
+            strides: st,
+            offset: g.offset,
+        };
     }
     l.broadcast_to(shape)
 }
@@ -104,8 +130,16 @@ pub fn run_op(op: &Op, args: &[&Tensor], ctx: &mut Ctx) -> Result<Tensor> {
     let out_shape = check_shapes(op, args)?;
     let a = |i: usize| args[i];
     Ok(match op {
-        Op::Input { name, .. } => return Err(RtxError::Invalid(format!("input `{name}` must be bound by the caller"))),
-        Op::Param { name, .. } => return Err(RtxError::Invalid(format!("parameter `{name}` must be bound by the caller"))),
+        Op::Input { name, .. } => {
+            return Err(RtxError::Invalid(format!(
+                "input `{name}` must be bound by the caller"
+            )));
+        }
+        Op::Param { name, .. } => {
+            return Err(RtxError::Invalid(format!(
+                "parameter `{name}` must be bound by the caller"
+            )));
+        }
         Op::Const { value } => Tensor::scalar(*value as f32),
         Op::Neg => unary(op, a(0), UnaryOp::Neg)?,
         Op::Relu => unary(op, a(0), UnaryOp::Relu)?,
@@ -155,7 +189,10 @@ pub fn run_op(op: &Op, args: &[&Tensor], ctx: &mut Ctx) -> Result<Tensor> {
             let (d, l) = f32s(a(0), op)?;
             let labels = a(1).to_vec_i64()?;
             let g = a(2).item()?;
-            Tensor::from_kernel(cpu::cross_entropy_grad(d, l, &labels, g).map_err(label_error)?, &out_shape)
+            Tensor::from_kernel(
+                cpu::cross_entropy_grad(d, l, &labels, g).map_err(label_error)?,
+                &out_shape,
+            )
         }
         Op::Mse => {
             let diff = binary(op, a(0), a(1), BinaryOp::Sub)?;
@@ -170,29 +207,57 @@ pub fn run_op(op: &Op, args: &[&Tensor], ctx: &mut Ctx) -> Result<Tensor> {
         }
         Op::Conv2dGradInput { stride, padding } => {
             let ((dg, lg), (dw, lw)) = (f32s(a(0), op)?, f32s(a(1), op)?);
-            Tensor::from_kernel(cpu::conv2d_grad_input(dg, lg, dw, lw, a(2).shape(), *stride, *padding), &out_shape)
+            Tensor::from_kernel(
+                cpu::conv2d_grad_input(dg, lg, dw, lw, a(2).shape(), *stride, *padding),
+                &out_shape,
+            )
         }
         Op::Conv2dGradWeight { stride, padding } => {
             let ((dx, lx), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
-            Tensor::from_kernel(cpu::conv2d_grad_weight(dx, lx, dg, lg, a(2).shape(), *stride, *padding), &out_shape)
+            Tensor::from_kernel(
+                cpu::conv2d_grad_weight(dx, lx, dg, lg, a(2).shape(), *stride, *padding),
+                &out_shape,
+            )
         }
-        Op::MaxPool2d { kernel, stride, padding } => {
+        Op::MaxPool2d {
+            kernel,
+            stride,
+            padding,
+        } => {
             let (d, l) = f32s(a(0), op)?;
             let (out, shape) = cpu::max_pool2d(d, l, *kernel, *stride, *padding);
             Tensor::from_kernel(out, &shape)
         }
-        Op::MaxPool2dGrad { kernel, stride, padding } => {
+        Op::MaxPool2dGrad {
+            kernel,
+            stride,
+            padding,
+        } => {
             let ((dx, lx), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
-            Tensor::from_kernel(cpu::max_pool2d_grad(dx, lx, dg, lg, *kernel, *stride, *padding), &out_shape)
+            Tensor::from_kernel(
+                cpu::max_pool2d_grad(dx, lx, dg, lg, *kernel, *stride, *padding),
+                &out_shape,
+            )
         }
-        Op::AvgPool2d { kernel, stride, padding } => {
+        Op::AvgPool2d {
+            kernel,
+            stride,
+            padding,
+        } => {
             let (d, l) = f32s(a(0), op)?;
             let (out, shape) = cpu::avg_pool2d(d, l, *kernel, *stride, *padding);
             Tensor::from_kernel(out, &shape)
         }
-        Op::AvgPool2dGrad { kernel, stride, padding } => {
+        Op::AvgPool2dGrad {
+            kernel,
+            stride,
+            padding,
+        } => {
             let (dg, lg) = f32s(a(1), op)?;
-            Tensor::from_kernel(cpu::avg_pool2d_grad(dg, lg, a(0).shape(), *kernel, *stride, *padding), &out_shape)
+            Tensor::from_kernel(
+                cpu::avg_pool2d_grad(dg, lg, a(0).shape(), *kernel, *stride, *padding),
+                &out_shape,
+            )
         }
         Op::Embedding => {
             let (dt, lt) = f32s(a(0), op)?;
@@ -215,16 +280,22 @@ pub fn run_op(op: &Op, args: &[&Tensor], ctx: &mut Ctx) -> Result<Tensor> {
         }
         Op::Reshape { .. } => a(0).reshape(&out_shape)?,
         Op::Permute { perm } => a(0).with_layout(a(0).layout().permute(perm)),
-        Op::Narrow { axis, start, len } => a(0).with_layout(a(0).layout().narrow(*axis, *start, *len)),
+        Op::Narrow { axis, start, len } => {
+            a(0).with_layout(a(0).layout().narrow(*axis, *start, *len))
+        }
         Op::BroadcastTo => a(0).with_layout(a(0).layout().broadcast_to(&out_shape)),
         Op::Concat { axis } => {
-            let parts: Vec<(&[f32], &Layout)> = args.iter().map(|t| f32s(t, op)).collect::<Result<_>>()?;
+            let parts: Vec<(&[f32], &Layout)> =
+                args.iter().map(|t| f32s(t, op)).collect::<Result<_>>()?;
             let (out, shape) = cpu::concat(&parts, *axis);
             Tensor::from_kernel(out, &shape)
         }
         Op::PadNarrow { axis, start } => {
             let (dg, lg) = f32s(a(0), op)?;
-            Tensor::from_kernel(cpu::pad_narrow(dg, lg, *axis, *start, a(1).shape()[*axis]), &out_shape)
+            Tensor::from_kernel(
+                cpu::pad_narrow(dg, lg, *axis, *start, a(1).shape()[*axis]),
+                &out_shape,
+            )
         }
         Op::SumTo => {
             let (dg, lg) = f32s(a(0), op)?;
@@ -234,7 +305,10 @@ pub fn run_op(op: &Op, args: &[&Tensor], ctx: &mut Ctx) -> Result<Tensor> {
             let (dg, lg) = f32s(a(1), op)?;
             let count: usize = axes.iter().map(|&i| out_shape[i]).product();
             let l = unreduce_layout(lg, &out_shape, axes, *keepdim);
-            Tensor::from_kernel(cpu::unary(UnaryOp::MulScalar(1.0 / count.max(1) as f32), dg, &l), &out_shape)
+            Tensor::from_kernel(
+                cpu::unary(UnaryOp::MulScalar(1.0 / count.max(1) as f32), dg, &l),
+                &out_shape,
+            )
         }
         Op::MaxGrad { axes, keepdim } => {
             let ((dx, lx), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);

@@ -3,7 +3,7 @@
 
 use crate::error::{Result, RtxError};
 use crate::module::{Grads, Module};
-use crate::tensor::{fmt_dims, Tensor};
+use crate::tensor::{Tensor, fmt_dims};
 use std::collections::HashMap;
 
 pub trait Optimizer {
@@ -12,7 +12,11 @@ pub trait Optimizer {
 }
 
 /// Applies `update(name, param, grad)` to each parameter with a gradient.
-fn for_each_param<M: Module>(model: &mut M, grads: &Grads, mut update: impl FnMut(&str, &mut [f32], &[f32])) -> Result<()> {
+fn for_each_param<M: Module>(
+    model: &mut M,
+    grads: &Grads,
+    mut update: impl FnMut(&str, &mut [f32], &[f32]),
+) -> Result<()> {
     let mut first_err = None;
     model.visit_params_mut("", &mut |name, t| {
         if first_err.is_some() {
@@ -56,7 +60,14 @@ pub struct Sgd {
 
 impl Sgd {
     pub fn new(lr: f32) -> Sgd {
-        Sgd { lr, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0, buffers: HashMap::new() }
+        Sgd {
+            lr,
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            buffers: HashMap::new(),
+        }
     }
     pub fn momentum(mut self, m: f32) -> Sgd {
         self.momentum = m;
@@ -81,7 +92,11 @@ impl Optimizer for Sgd {
         let s = self.clone();
         let buffers = &mut self.buffers;
         for_each_param(model, grads, |name, p, g| {
-            let mut d: Vec<f32> = g.iter().zip(p.iter()).map(|(g, p)| g + s.weight_decay * p).collect();
+            let mut d: Vec<f32> = g
+                .iter()
+                .zip(p.iter())
+                .map(|(g, p)| g + s.weight_decay * p)
+                .collect();
             if s.momentum != 0.0 {
                 let buf = match buffers.get_mut(name) {
                     Some(b) => {
@@ -129,7 +144,14 @@ pub struct Adam {
 impl Adam {
     /// Adam with PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, no weight decay.
     pub fn new(lr: f32) -> Adam {
-        Adam { lr, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.0, decoupled: false, state: HashMap::new() }
+        Adam {
+            lr,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            decoupled: false,
+            state: HashMap::new(),
+        }
     }
     pub fn betas(mut self, b1: f32, b2: f32) -> Adam {
         self.betas = (b1, b2);
@@ -147,10 +169,20 @@ impl Adam {
 
 impl Optimizer for Adam {
     fn step<M: Module>(&mut self, model: &mut M, grads: &Grads) -> Result<()> {
-        let (lr, (b1, b2), eps, wd, decoupled) = (self.lr, self.betas, self.eps, self.weight_decay, self.decoupled);
+        let (lr, (b1, b2), eps, wd, decoupled) = (
+            self.lr,
+            self.betas,
+            self.eps,
+            self.weight_decay,
+            self.decoupled,
+        );
         let state = &mut self.state;
         for_each_param(model, grads, |name, p, g| {
-            let st = state.entry(name.to_string()).or_insert_with(|| AdamState { m: vec![0.0; p.len()], v: vec![0.0; p.len()], t: 0 });
+            let st = state.entry(name.to_string()).or_insert_with(|| AdamState {
+                m: vec![0.0; p.len()],
+                v: vec![0.0; p.len()],
+                t: 0,
+            });
             st.t += 1;
             let bc1 = 1.0 - b1.powi(st.t);
             let bc2 = 1.0 - b2.powi(st.t);
@@ -176,7 +208,11 @@ pub struct AdamW(Adam);
 
 impl AdamW {
     pub fn new(lr: f32) -> AdamW {
-        AdamW(Adam { weight_decay: 0.01, decoupled: true, ..Adam::new(lr) })
+        AdamW(Adam {
+            weight_decay: 0.01,
+            decoupled: true,
+            ..Adam::new(lr)
+        })
     }
     pub fn betas(self, b1: f32, b2: f32) -> AdamW {
         AdamW(self.0.betas(b1, b2))

@@ -56,12 +56,18 @@ fn check_len(len: usize, shape: &[usize], what: &str) -> Result<()> {
 impl Tensor {
     pub fn from_vec(data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
         check_len(data.len(), shape, "Tensor::from_vec")?;
-        Ok(Tensor::from_parts(Storage::F32(data), Layout::contiguous(shape)))
+        Ok(Tensor::from_parts(
+            Storage::F32(data),
+            Layout::contiguous(shape),
+        ))
     }
 
     pub fn from_i64(data: Vec<i64>, shape: &[usize]) -> Result<Tensor> {
         check_len(data.len(), shape, "Tensor::from_i64")?;
-        Ok(Tensor::from_parts(Storage::I64(data), Layout::contiguous(shape)))
+        Ok(Tensor::from_parts(
+            Storage::I64(data),
+            Layout::contiguous(shape),
+        ))
     }
 
     pub fn scalar(v: f32) -> Tensor {
@@ -83,11 +89,17 @@ impl Tensor {
     }
 
     pub(crate) fn from_parts(storage: Storage, layout: Layout) -> Tensor {
-        Tensor { storage: Arc::new(storage), layout }
+        Tensor {
+            storage: Arc::new(storage),
+            layout,
+        }
     }
 
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
-        Tensor { storage: self.storage.clone(), layout }
+        Tensor {
+            storage: self.storage.clone(),
+            layout,
+        }
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -128,7 +140,11 @@ impl Tensor {
     /// The elements in row-major order.
     pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
         let (d, l) = self.f32_parts("Tensor::to_vec_f32")?;
-        Ok(if l.is_contiguous() { d[l.offset..l.offset + l.numel()].to_vec() } else { cpu::to_contiguous(d, l) })
+        Ok(if l.is_contiguous() {
+            d[l.offset..l.offset + l.numel()].to_vec()
+        } else {
+            cpu::to_contiguous(d, l)
+        })
     }
 
     /// Integer elements in row-major order.
@@ -161,7 +177,9 @@ impl Tensor {
             return self.clone();
         }
         match &*self.storage {
-            Storage::F32(d) => Tensor::from_kernel(cpu::to_contiguous(d, &self.layout), self.shape()),
+            Storage::F32(d) => {
+                Tensor::from_kernel(cpu::to_contiguous(d, &self.layout), self.shape())
+            }
             Storage::I64(v) => Tensor::from_parts(
                 Storage::I64(self.layout.indices().map(|i| v[i]).collect()),
                 Layout::contiguous(self.shape()),
@@ -188,7 +206,10 @@ impl Tensor {
             });
         }
         let (a, b) = (self.to_vec_f32()?, other.to_vec_f32()?);
-        Ok(a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max))
+        Ok(a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max))
     }
 }
 

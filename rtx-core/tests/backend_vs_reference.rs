@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{assert_close, to_array, Rng};
+use common::{Rng, assert_close, to_array};
 use rtx_core::ops::run_op;
 use rtx_core::{Ctx, Tensor};
 use rtx_ir::reference::{self, RefCtx};
@@ -22,14 +22,29 @@ const RTOL: f64 = 1e-4;
 
 /// Runs `op` through the runtime and the reference on the same values and compares them.
 fn check_with(op: &Op, args: &[&Tensor], atol: f64, rtol: f64) {
-    let got = run_op(op, args, &mut Ctx::eval()).unwrap_or_else(|e| panic!("run_op({op:?}) failed: {e}"));
+    let got =
+        run_op(op, args, &mut Ctx::eval()).unwrap_or_else(|e| panic!("run_op({op:?}) failed: {e}"));
     let arrays: Vec<_> = args.iter().map(|t| to_array(t)).collect();
     let refs: Vec<_> = arrays.iter().collect();
     let env = HashMap::new();
-    let want = reference::eval(op, &refs, &RefCtx { env: &env, train: false, seed: 0 })
-        .unwrap_or_else(|e| panic!("reference eval of {op:?} failed: {e}"));
+    let want = reference::eval(
+        op,
+        &refs,
+        &RefCtx {
+            env: &env,
+            train: false,
+            seed: 0,
+        },
+    )
+    .unwrap_or_else(|e| panic!("reference eval of {op:?} failed: {e}"));
     assert_eq!(got.shape(), want.shape.as_slice(), "{op:?}: output shape");
-    assert_close(&to_array(&got).data, &want.data, atol, rtol, &format!("{op:?}"));
+    assert_close(
+        &to_array(&got).data,
+        &want.data,
+        atol,
+        rtol,
+        &format!("{op:?}"),
+    );
 }
 
 fn check(op: &Op, args: &[&Tensor]) {
@@ -47,8 +62,16 @@ fn view(op: Op, t: &Tensor) -> Tensor {
 
 /// `t` with its axes reordered: a strided, non-contiguous view of the same buffer.
 fn permuted(t: &Tensor, perm: &[usize]) -> Tensor {
-    let v = view(Op::Permute { perm: perm.to_vec() }, t);
-    assert!(!v.layout().is_contiguous(), "test setup: the permuted view should be strided");
+    let v = view(
+        Op::Permute {
+            perm: perm.to_vec(),
+        },
+        t,
+    );
+    assert!(
+        !v.layout().is_contiguous(),
+        "test setup: the permuted view should be strided"
+    );
     v
 }
 
@@ -67,14 +90,20 @@ fn transposed_random(rng: &mut Rng, shape: &[usize]) -> Tensor {
 fn broadcast(t: &Tensor, shape: &[usize]) -> Tensor {
     let like = Tensor::full(shape, 1.0);
     let v = run_op(&Op::BroadcastTo, &[t, &like], &mut Ctx::eval()).unwrap();
-    assert!(v.layout().strides.contains(&0), "test setup: the broadcast view should have a zero stride");
+    assert!(
+        v.layout().strides.contains(&0),
+        "test setup: the broadcast view should have a zero stride"
+    );
     v
 }
 
 /// Elements `start..start + len` of `t` along `axis`: a view at a nonzero offset.
 fn narrowed(t: &Tensor, axis: usize, start: usize, len: usize) -> Tensor {
     let v = view(Op::Narrow { axis, start, len }, t);
-    assert!(v.layout().offset > 0, "test setup: the narrowed view should start at an offset");
+    assert!(
+        v.layout().offset > 0,
+        "test setup: the narrowed view should start at an offset"
+    );
     v
 }
 
@@ -85,7 +114,9 @@ fn test_of(op: &Op) -> Option<&'static str> {
     Some(match op {
         Op::Input { .. } | Op::Param { .. } => return None,
         Op::Const { .. } => "const_matches_reference",
-        Op::Neg | Op::Relu | Op::Gelu | Op::Tanh | Op::Sigmoid | Op::Exp => "unary_ops_match_reference",
+        Op::Neg | Op::Relu | Op::Gelu | Op::Tanh | Op::Sigmoid | Op::Exp => {
+            "unary_ops_match_reference"
+        }
         Op::Log | Op::Sqrt => "log_and_sqrt_match_reference_on_positive_inputs",
         Op::PowScalar { .. } => "pow_scalar_matches_reference",
         Op::Add | Op::Sub | Op::Mul | Op::Div => "binary_ops_match_reference",
@@ -215,9 +246,18 @@ fn binary_ops_read_strided_and_broadcast_operands() {
 
 fn reductions(axes: &[usize], keepdim: bool) -> [Op; 3] {
     [
-        Op::Sum { axes: axes.to_vec(), keepdim },
-        Op::Mean { axes: axes.to_vec(), keepdim },
-        Op::Max { axes: axes.to_vec(), keepdim },
+        Op::Sum {
+            axes: axes.to_vec(),
+            keepdim,
+        },
+        Op::Mean {
+            axes: axes.to_vec(),
+            keepdim,
+        },
+        Op::Max {
+            axes: axes.to_vec(),
+            keepdim,
+        },
     ]
 }
 
@@ -364,11 +404,39 @@ fn conv2d_matches_reference() {
     let mut rng = Rng::new(20);
     let x = rng.tensor(&[2, 3, 7, 6]);
     let w = rng.tensor(&[4, 3, 3, 3]);
-    check_contraction(&Op::Conv2d { stride: [1, 1], padding: [0, 0] }, &[&x, &w], 27);
-    check_contraction(&Op::Conv2d { stride: [1, 1], padding: [1, 1] }, &[&x, &w], 27);
-    check_contraction(&Op::Conv2d { stride: [2, 1], padding: [1, 2] }, &[&x, &w], 27);
+    check_contraction(
+        &Op::Conv2d {
+            stride: [1, 1],
+            padding: [0, 0],
+        },
+        &[&x, &w],
+        27,
+    );
+    check_contraction(
+        &Op::Conv2d {
+            stride: [1, 1],
+            padding: [1, 1],
+        },
+        &[&x, &w],
+        27,
+    );
+    check_contraction(
+        &Op::Conv2d {
+            stride: [2, 1],
+            padding: [1, 2],
+        },
+        &[&x, &w],
+        27,
+    );
     let w2 = rng.tensor(&[5, 3, 2, 4]);
-    check_contraction(&Op::Conv2d { stride: [2, 3], padding: [0, 1] }, &[&x, &w2], 24);
+    check_contraction(
+        &Op::Conv2d {
+            stride: [2, 3],
+            padding: [0, 1],
+        },
+        &[&x, &w2],
+        24,
+    );
 }
 
 #[test]
@@ -377,7 +445,14 @@ fn conv2d_reads_a_permuted_input() {
     // Stored NHWC, viewed as NCHW.
     let x = permuted(&rng.tensor(&[2, 6, 5, 3]), &[0, 3, 1, 2]);
     let w = rng.tensor(&[4, 3, 3, 3]);
-    check_contraction(&Op::Conv2d { stride: [1, 1], padding: [1, 1] }, &[&x, &w], 27);
+    check_contraction(
+        &Op::Conv2d {
+            stride: [1, 1],
+            padding: [1, 1],
+        },
+        &[&x, &w],
+        27,
+    );
 }
 
 #[test]
@@ -385,9 +460,17 @@ fn conv2d_grad_input_matches_reference() {
     let mut rng = Rng::new(22);
     let x = rng.tensor(&[2, 3, 7, 6]);
     let w = rng.tensor(&[4, 3, 3, 3]);
-    for (stride, padding, out) in [([1, 1], [0, 0], [5, 4]), ([1, 1], [1, 1], [7, 6]), ([2, 1], [1, 2], [4, 8])] {
+    for (stride, padding, out) in [
+        ([1, 1], [0, 0], [5, 4]),
+        ([1, 1], [1, 1], [7, 6]),
+        ([2, 1], [1, 2], [4, 8]),
+    ] {
         let g = rng.tensor(&[2, 4, out[0], out[1]]);
-        check_contraction(&Op::Conv2dGradInput { stride, padding }, &[&g, &w, &x], 4 * 9);
+        check_contraction(
+            &Op::Conv2dGradInput { stride, padding },
+            &[&g, &w, &x],
+            4 * 9,
+        );
     }
 }
 
@@ -396,17 +479,32 @@ fn conv2d_grad_weight_matches_reference() {
     let mut rng = Rng::new(23);
     let x = rng.tensor(&[2, 3, 7, 6]);
     let w = rng.tensor(&[4, 3, 3, 3]);
-    for (stride, padding, out) in [([1, 1], [0, 0], [5, 4]), ([1, 1], [1, 1], [7, 6]), ([2, 1], [1, 2], [4, 8])] {
+    for (stride, padding, out) in [
+        ([1, 1], [0, 0], [5, 4]),
+        ([1, 1], [1, 1], [7, 6]),
+        ([2, 1], [1, 2], [4, 8]),
+    ] {
         let g = rng.tensor(&[2, 4, out[0], out[1]]);
-        check_contraction(&Op::Conv2dGradWeight { stride, padding }, &[&x, &g, &w], 2 * out[0] * out[1]);
+        check_contraction(
+            &Op::Conv2dGradWeight { stride, padding },
+            &[&x, &g, &w],
+            2 * out[0] * out[1],
+        );
     }
 }
 
-const POOLS: [([usize; 2], [usize; 2], [usize; 2]); 3] = [([2, 2], [2, 2], [0, 0]), ([3, 3], [2, 2], [1, 1]), ([3, 2], [1, 2], [1, 0])];
+const POOLS: [([usize; 2], [usize; 2], [usize; 2]); 3] = [
+    ([2, 2], [2, 2], [0, 0]),
+    ([3, 3], [2, 2], [1, 1]),
+    ([3, 2], [1, 2], [1, 0]),
+];
 
 /// Output height and width of a pooling window over `[h, w]`.
 fn pooled(h: usize, w: usize, (k, s, p): ([usize; 2], [usize; 2], [usize; 2])) -> [usize; 2] {
-    [(h + 2 * p[0] - k[0]) / s[0] + 1, (w + 2 * p[1] - k[1]) / s[1] + 1]
+    [
+        (h + 2 * p[0] - k[0]) / s[0] + 1,
+        (w + 2 * p[1] - k[1]) / s[1] + 1,
+    ]
 }
 
 #[test]
@@ -415,8 +513,22 @@ fn max_pool2d_matches_reference() {
     let x = rng.tensor(&[2, 3, 7, 6]);
     let p = permuted(&rng.tensor(&[2, 7, 6, 3]), &[0, 3, 1, 2]);
     for (kernel, stride, padding) in POOLS {
-        check(&Op::MaxPool2d { kernel, stride, padding }, &[&x]);
-        check(&Op::MaxPool2d { kernel, stride, padding }, &[&p]);
+        check(
+            &Op::MaxPool2d {
+                kernel,
+                stride,
+                padding,
+            },
+            &[&x],
+        );
+        check(
+            &Op::MaxPool2d {
+                kernel,
+                stride,
+                padding,
+            },
+            &[&p],
+        );
     }
 }
 
@@ -426,8 +538,22 @@ fn avg_pool2d_matches_reference() {
     let x = rng.tensor(&[2, 3, 7, 6]);
     let p = permuted(&rng.tensor(&[2, 7, 6, 3]), &[0, 3, 1, 2]);
     for (kernel, stride, padding) in POOLS {
-        check(&Op::AvgPool2d { kernel, stride, padding }, &[&x]);
-        check(&Op::AvgPool2d { kernel, stride, padding }, &[&p]);
+        check(
+            &Op::AvgPool2d {
+                kernel,
+                stride,
+                padding,
+            },
+            &[&x],
+        );
+        check(
+            &Op::AvgPool2d {
+                kernel,
+                stride,
+                padding,
+            },
+            &[&p],
+        );
     }
 }
 
@@ -439,7 +565,14 @@ fn max_pool2d_grad_matches_reference() {
         let [oh, ow] = pooled(7, 6, pool);
         let g = rng.tensor(&[2, 3, oh, ow]);
         let (kernel, stride, padding) = pool;
-        check(&Op::MaxPool2dGrad { kernel, stride, padding }, &[&x, &g]);
+        check(
+            &Op::MaxPool2dGrad {
+                kernel,
+                stride,
+                padding,
+            },
+            &[&x, &g],
+        );
     }
 }
 
@@ -451,7 +584,14 @@ fn avg_pool2d_grad_matches_reference() {
         let [oh, ow] = pooled(7, 6, pool);
         let g = rng.tensor(&[2, 3, oh, ow]);
         let (kernel, stride, padding) = pool;
-        check(&Op::AvgPool2dGrad { kernel, stride, padding }, &[&x, &g]);
+        check(
+            &Op::AvgPool2dGrad {
+                kernel,
+                stride,
+                padding,
+            },
+            &[&x, &g],
+        );
     }
 }
 
@@ -488,7 +628,10 @@ fn eval_mode_dropout_mask_is_ones_like_reference() {
 
 fn train_mask(p: f64, n: usize, ctx: &mut Ctx) -> Vec<f32> {
     let x = Tensor::full(&[n], 1.5);
-    run_op(&Op::DropoutMask { p }, &[&x], ctx).unwrap().to_vec_f32().unwrap()
+    run_op(&Op::DropoutMask { p }, &[&x], ctx)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap()
 }
 
 #[test]
@@ -496,7 +639,10 @@ fn train_mode_dropout_mask_holds_zero_or_inverse_keep_rate() {
     let p = 0.3;
     let mask = train_mask(p, 10_000, &mut Ctx::train(11));
     let keep = (1.0 / (1.0 - p)) as f32;
-    assert!(mask.iter().all(|&v| v == 0.0 || v == keep), "a mask value is neither 0 nor {keep}");
+    assert!(
+        mask.iter().all(|&v| v == 0.0 || v == keep),
+        "a mask value is neither 0 nor {keep}"
+    );
 }
 
 #[test]
@@ -528,7 +674,10 @@ fn different_seeds_and_successive_calls_give_different_masks() {
     let first = train_mask(0.4, 10_000, &mut ctx);
     let second = train_mask(0.4, 10_000, &mut ctx);
     let other_seed = train_mask(0.4, 10_000, &mut Ctx::train(16));
-    assert_ne!(first, second, "two masks drawn from one context must differ");
+    assert_ne!(
+        first, second,
+        "two masks drawn from one context must differ"
+    );
     assert_ne!(first, other_seed, "masks of different seeds must differ");
 }
 
@@ -540,10 +689,26 @@ fn train_mode_dropout_mask_has_the_reference_bits() {
     let x = Tensor::full(&[3, 500], 1.0);
     let got = run_op(&Op::DropoutMask { p }, &[&x], &mut ctx).unwrap();
     let env = HashMap::new();
-    let want = reference::eval(&Op::DropoutMask { p }, &[&to_array(&x)], &RefCtx { env: &env, train: true, seed }).unwrap();
+    let want = reference::eval(
+        &Op::DropoutMask { p },
+        &[&to_array(&x)],
+        &RefCtx {
+            env: &env,
+            train: true,
+            seed,
+        },
+    )
+    .unwrap();
     let got = to_array(&got).data;
-    let zeros_differ = got.iter().zip(&want.data).filter(|(g, w)| (**g == 0.0) != (**w == 0.0)).count();
-    assert_eq!(zeros_differ, 0, "the runtime mask drops other elements than the reference for the same seed");
+    let zeros_differ = got
+        .iter()
+        .zip(&want.data)
+        .filter(|(g, w)| (**g == 0.0) != (**w == 0.0))
+        .count();
+    assert_eq!(
+        zeros_differ, 0,
+        "the runtime mask drops other elements than the reference for the same seed"
+    );
     assert_close(&got, &want.data, 0.0, 1e-6, "dropout mask");
 }
 
@@ -553,7 +718,9 @@ fn train_mode_dropout_mask_has_the_reference_bits() {
 fn reshape_matches_reference() {
     let mut rng = Rng::new(31);
     let x = rng.tensor(&[3, 4]);
-    let to = |s: &[usize]| Op::Reshape { shape: s.iter().map(|&d| Dim::known(d)).collect() };
+    let to = |s: &[usize]| Op::Reshape {
+        shape: s.iter().map(|&d| Dim::known(d)).collect(),
+    };
     check(&to(&[2, 6]), &[&x]);
     check(&to(&[12]), &[&x]);
     check(&to(&[2, 1, 3, 2]), &[&x]);
@@ -568,16 +735,30 @@ fn permute_matches_reference() {
     let mut rng = Rng::new(32);
     let x = rng.tensor(&[2, 3, 4]);
     for perm in [[0, 1, 2], [2, 1, 0], [1, 2, 0], [0, 2, 1]] {
-        check(&Op::Permute { perm: perm.to_vec() }, &[&x]);
+        check(
+            &Op::Permute {
+                perm: perm.to_vec(),
+            },
+            &[&x],
+        );
     }
     let p = permuted(&x, &[2, 0, 1]);
-    check(&Op::Permute { perm: vec![1, 0, 2] }, &[&p]);
+    check(
+        &Op::Permute {
+            perm: vec![1, 0, 2],
+        },
+        &[&p],
+    );
 }
 
 #[test]
 fn concat_matches_reference() {
     let mut rng = Rng::new(33);
-    let (a, b, c) = (rng.tensor(&[2, 3]), rng.tensor(&[2, 1]), rng.tensor(&[2, 4]));
+    let (a, b, c) = (
+        rng.tensor(&[2, 3]),
+        rng.tensor(&[2, 1]),
+        rng.tensor(&[2, 4]),
+    );
     check(&Op::Concat { axis: 1 }, &[&a, &b, &c]);
     let (d, e) = (rng.tensor(&[1, 3]), rng.tensor(&[4, 3]));
     check(&Op::Concat { axis: 0 }, &[&a, &d, &e]);
@@ -598,12 +779,40 @@ fn concat_reads_strided_broadcast_and_narrowed_parts() {
 fn narrow_matches_reference() {
     let mut rng = Rng::new(35);
     let x = rng.tensor(&[3, 5, 4]);
-    check(&Op::Narrow { axis: 0, start: 1, len: 2 }, &[&x]);
-    check(&Op::Narrow { axis: 1, start: 2, len: 3 }, &[&x]);
-    check(&Op::Narrow { axis: 2, start: 0, len: 1 }, &[&x]);
+    check(
+        &Op::Narrow {
+            axis: 0,
+            start: 1,
+            len: 2,
+        },
+        &[&x],
+    );
+    check(
+        &Op::Narrow {
+            axis: 1,
+            start: 2,
+            len: 3,
+        },
+        &[&x],
+    );
+    check(
+        &Op::Narrow {
+            axis: 2,
+            start: 0,
+            len: 1,
+        },
+        &[&x],
+    );
     // Narrowing a narrowed, permuted view composes offsets and strides.
     let v = narrowed(&permuted(&x, &[2, 0, 1]), 2, 1, 4);
-    check(&Op::Narrow { axis: 0, start: 1, len: 3 }, &[&v]);
+    check(
+        &Op::Narrow {
+            axis: 0,
+            start: 1,
+            len: 3,
+        },
+        &[&v],
+    );
 }
 
 #[test]
@@ -635,9 +844,18 @@ fn sum_to_matches_reference() {
 fn pad_narrow_matches_reference() {
     let mut rng = Rng::new(38);
     let full = rng.tensor(&[2, 7]);
-    check(&Op::PadNarrow { axis: 1, start: 2 }, &[&rng.tensor(&[2, 3]), &full]);
-    check(&Op::PadNarrow { axis: 1, start: 0 }, &[&rng.tensor(&[2, 7]), &full]);
-    check(&Op::PadNarrow { axis: 0, start: 1 }, &[&rng.tensor(&[1, 7]), &full]);
+    check(
+        &Op::PadNarrow { axis: 1, start: 2 },
+        &[&rng.tensor(&[2, 3]), &full],
+    );
+    check(
+        &Op::PadNarrow { axis: 1, start: 0 },
+        &[&rng.tensor(&[2, 7]), &full],
+    );
+    check(
+        &Op::PadNarrow { axis: 0, start: 1 },
+        &[&rng.tensor(&[1, 7]), &full],
+    );
     let p = permuted(&rng.tensor(&[4, 2]), &[1, 0]);
     check(&Op::PadNarrow { axis: 1, start: 3 }, &[&p, &full]);
 }
@@ -660,21 +878,69 @@ fn relu_grad_and_gelu_grad_match_reference() {
 fn mean_grad_matches_reference() {
     let mut rng = Rng::new(40);
     let x = rng.tensor(&[2, 3, 4]);
-    check(&Op::MeanGrad { axes: vec![1], keepdim: false }, &[&x, &rng.tensor(&[2, 4])]);
-    check(&Op::MeanGrad { axes: vec![1], keepdim: true }, &[&x, &rng.tensor(&[2, 1, 4])]);
-    check(&Op::MeanGrad { axes: vec![0, 2], keepdim: false }, &[&x, &rng.tensor(&[3])]);
-    check(&Op::MeanGrad { axes: vec![0, 1, 2], keepdim: false }, &[&x, &Tensor::scalar(rng.uniform(-1.0, 1.0))]);
+    check(
+        &Op::MeanGrad {
+            axes: vec![1],
+            keepdim: false,
+        },
+        &[&x, &rng.tensor(&[2, 4])],
+    );
+    check(
+        &Op::MeanGrad {
+            axes: vec![1],
+            keepdim: true,
+        },
+        &[&x, &rng.tensor(&[2, 1, 4])],
+    );
+    check(
+        &Op::MeanGrad {
+            axes: vec![0, 2],
+            keepdim: false,
+        },
+        &[&x, &rng.tensor(&[3])],
+    );
+    check(
+        &Op::MeanGrad {
+            axes: vec![0, 1, 2],
+            keepdim: false,
+        },
+        &[&x, &Tensor::scalar(rng.uniform(-1.0, 1.0))],
+    );
 }
 
 #[test]
 fn max_grad_matches_reference() {
     let mut rng = Rng::new(41);
     let x = rng.tensor(&[2, 3, 4]);
-    check(&Op::MaxGrad { axes: vec![1], keepdim: false }, &[&x, &rng.tensor(&[2, 4])]);
-    check(&Op::MaxGrad { axes: vec![2], keepdim: true }, &[&x, &rng.tensor(&[2, 3, 1])]);
-    check(&Op::MaxGrad { axes: vec![0, 1, 2], keepdim: false }, &[&x, &Tensor::scalar(rng.uniform(-1.0, 1.0))]);
+    check(
+        &Op::MaxGrad {
+            axes: vec![1],
+            keepdim: false,
+        },
+        &[&x, &rng.tensor(&[2, 4])],
+    );
+    check(
+        &Op::MaxGrad {
+            axes: vec![2],
+            keepdim: true,
+        },
+        &[&x, &rng.tensor(&[2, 3, 1])],
+    );
+    check(
+        &Op::MaxGrad {
+            axes: vec![0, 1, 2],
+            keepdim: false,
+        },
+        &[&x, &Tensor::scalar(rng.uniform(-1.0, 1.0))],
+    );
     let p = permuted(&rng.tensor(&[4, 2, 3]), &[1, 2, 0]);
-    check(&Op::MaxGrad { axes: vec![0], keepdim: false }, &[&p, &rng.tensor(&[3, 4])]);
+    check(
+        &Op::MaxGrad {
+            axes: vec![0],
+            keepdim: false,
+        },
+        &[&p, &rng.tensor(&[3, 4])],
+    );
 }
 
 #[test]

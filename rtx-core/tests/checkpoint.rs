@@ -9,7 +9,7 @@ mod common;
 
 use common::Rng;
 use rtx_core::checkpoint::Checkpoint;
-use rtx_core::{join_name, Linear, Module, RtxError, Tensor};
+use rtx_core::{Linear, Module, RtxError, Tensor, join_name};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -23,7 +23,10 @@ struct Net {
 
 impl Module for Net {
     fn init_with(rng: &mut rtx_core::Rng) -> Self {
-        Net { fc1: Linear::init_with(rng), fc2: Linear::init_with(rng) }
+        Net {
+            fc1: Linear::init_with(rng),
+            fc2: Linear::init_with(rng),
+        }
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
         self.fc1.visit_params(&join_name(prefix, "fc1"), f);
@@ -35,19 +38,36 @@ impl Module for Net {
     }
 }
 
-const SHAPES: [(&str, &[usize]); 4] = [("fc1.weight", &[2, 3]), ("fc1.bias", &[2]), ("fc2.weight", &[1, 2]), ("fc2.bias", &[1])];
+const SHAPES: [(&str, &[usize]); 4] = [
+    ("fc1.weight", &[2, 3]),
+    ("fc1.bias", &[2]),
+    ("fc2.weight", &[1, 2]),
+    ("fc2.bias", &[1]),
+];
 
 /// Every parameter's name, shape and bits, to compare models exactly.
 fn snapshot(m: &Net) -> Vec<(String, Vec<usize>, Vec<u32>)> {
     m.named_params()
         .into_iter()
-        .map(|(n, t)| (n, t.shape().to_vec(), t.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect()))
+        .map(|(n, t)| {
+            (
+                n,
+                t.shape().to_vec(),
+                t.to_vec_f32()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect(),
+            )
+        })
         .collect()
 }
 
 /// A fresh empty directory for one test under cargo's per-target scratch space.
 fn scratch(test: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("checkpoint-tests").join(test);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("checkpoint-tests")
+        .join(test);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -55,19 +75,33 @@ fn scratch(test: &str) -> PathBuf {
 
 /// Writes tensors given as `(name, dtype, shape, little-endian bytes)` with the safetensors
 /// crate directly, as another program would.
-fn write_raw(path: &Path, tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)], metadata: Option<HashMap<String, String>>) {
-    let views: Vec<(String, TensorView)> =
-        tensors.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+fn write_raw(
+    path: &Path,
+    tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
+    metadata: Option<HashMap<String, String>>,
+) {
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
     safetensors::serialize_to_file(views, &metadata, path).unwrap();
 }
 
 /// Random f32 tensors for `shapes`, as `write_raw` entries.
-fn f32_entries(rng: &mut Rng, shapes: &[(&str, &[usize])]) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
+fn f32_entries(
+    rng: &mut Rng,
+    shapes: &[(&str, &[usize])],
+) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
     shapes
         .iter()
         .map(|(n, s)| {
             let v = rng.vec(s.iter().product(), -1.0, 1.0);
-            (n.to_string(), Dtype::F32, s.to_vec(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            (
+                n.to_string(),
+                Dtype::F32,
+                s.to_vec(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
         })
         .collect()
 }
@@ -77,14 +111,19 @@ fn f32_entries(rng: &mut Rng, shapes: &[(&str, &[usize])]) -> Vec<(String, Dtype
 fn load_fails(path: &Path) -> String {
     let mut model = Net::init(7);
     let before = snapshot(&model);
-    let err = model.load_safetensors(path).expect_err("loading should fail");
+    let err = model
+        .load_safetensors(path)
+        .expect_err("loading should fail");
     assert_eq!(snapshot(&model), before, "a failed load changed the model");
     err.to_string()
 }
 
 /// The names of the files in `dir`, sorted.
 fn file_names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     names.sort();
     names
 }
@@ -102,7 +141,11 @@ fn save_then_load_is_bit_identical() {
     let saved = Net::init(1);
     saved.save_safetensors(&path).unwrap();
     let mut loaded = Net::init(2);
-    assert_ne!(snapshot(&loaded), snapshot(&saved), "test setup: the two seeds should differ");
+    assert_ne!(
+        snapshot(&loaded),
+        snapshot(&saved),
+        "test setup: the two seeds should differ"
+    );
     loaded.load_safetensors(&path).unwrap();
     assert_eq!(snapshot(&loaded), snapshot(&saved));
 }
@@ -132,7 +175,10 @@ fn truncated_file_is_an_error_and_leaves_the_model_unchanged() {
         let path = dir.join(format!("cut{keep}.safetensors"));
         std::fs::write(&path, &bytes[..keep]).unwrap();
         let msg = load_fails(&path);
-        assert_mentions(&msg, &["not a valid safetensors file", &path.display().to_string()]);
+        assert_mentions(
+            &msg,
+            &["not a valid safetensors file", &path.display().to_string()],
+        );
     }
 }
 
@@ -163,8 +209,16 @@ fn a_plausible_header_length_over_garbage_is_an_error() {
 fn wrongly_shaped_tensor_is_an_error_naming_both_shapes() {
     let dir = scratch("wrong_shape");
     let path = dir.join("net.safetensors");
-    let shapes: Vec<(&str, &[usize])> =
-        SHAPES.iter().map(|&(n, s)| if n == "fc1.weight" { (n, &[3usize, 2][..]) } else { (n, s) }).collect();
+    let shapes: Vec<(&str, &[usize])> = SHAPES
+        .iter()
+        .map(|&(n, s)| {
+            if n == "fc1.weight" {
+                (n, &[3usize, 2][..])
+            } else {
+                (n, s)
+            }
+        })
+        .collect();
     write_raw(&path, &f32_entries(&mut Rng::new(7), &shapes), None);
     assert_mentions(&load_fails(&path), &["`fc1.weight`", "[3, 2]", "[2, 3]"]);
 }
@@ -222,11 +276,17 @@ fn write_half(path: &Path, dtype: Dtype, seed: u64) -> Vec<Vec<f32>> {
         let (bytes, widened): (Vec<u8>, Vec<f32>) = match dtype {
             Dtype::F16 => {
                 let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
-                (h.iter().flat_map(|x| x.to_le_bytes()).collect(), h.iter().map(|x| x.to_f32()).collect())
+                (
+                    h.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    h.iter().map(|x| x.to_f32()).collect(),
+                )
             }
             Dtype::BF16 => {
                 let h: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
-                (h.iter().flat_map(|x| x.to_le_bytes()).collect(), h.iter().map(|x| x.to_f32()).collect())
+                (
+                    h.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    h.iter().map(|x| x.to_f32()).collect(),
+                )
             }
             _ => unreachable!(),
         };
@@ -244,7 +304,11 @@ fn f16_file_loads_exactly() {
     let want = write_half(&path, Dtype::F16, 12);
     let mut model = Net::init(13);
     model.load_safetensors(&path).unwrap();
-    let got: Vec<Vec<f32>> = model.named_params().iter().map(|(_, t)| t.to_vec_f32().unwrap()).collect();
+    let got: Vec<Vec<f32>> = model
+        .named_params()
+        .iter()
+        .map(|(_, t)| t.to_vec_f32().unwrap())
+        .collect();
     assert_eq!(got, want);
 }
 
@@ -255,7 +319,11 @@ fn bf16_file_loads_exactly() {
     let want = write_half(&path, Dtype::BF16, 14);
     let mut model = Net::init(15);
     model.load_safetensors(&path).unwrap();
-    let got: Vec<Vec<f32>> = model.named_params().iter().map(|(_, t)| t.to_vec_f32().unwrap()).collect();
+    let got: Vec<Vec<f32>> = model
+        .named_params()
+        .iter()
+        .map(|(_, t)| t.to_vec_f32().unwrap())
+        .collect();
     assert_eq!(got, want);
 }
 
@@ -269,8 +337,17 @@ fn file_with_pytorch_metadata_loads() {
     let mut model = Net::init(17);
     model.load_safetensors(&path).unwrap();
     let want: Vec<Vec<u8>> = entries.iter().map(|e| e.3.clone()).collect();
-    let got: Vec<Vec<u8>> =
-        model.named_params().iter().map(|(_, t)| t.to_vec_f32().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+    let got: Vec<Vec<u8>> = model
+        .named_params()
+        .iter()
+        .map(|(_, t)| {
+            t.to_vec_f32()
+                .unwrap()
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect()
+        })
+        .collect();
     assert_eq!(got, want);
 }
 
@@ -282,7 +359,11 @@ fn saving_over_an_existing_checkpoint_replaces_it_and_leaves_no_temporary_file()
     let newer = Net::init(19);
     newer.save_safetensors(&path).unwrap();
     let names = file_names(&dir);
-    assert_eq!(names, vec!["net.safetensors".to_string()], "files left in the directory");
+    assert_eq!(
+        names,
+        vec!["net.safetensors".to_string()],
+        "files left in the directory"
+    );
     let mut loaded = Net::init(20);
     loaded.load_safetensors(&path).unwrap();
     assert_eq!(snapshot(&loaded), snapshot(&newer));
@@ -305,5 +386,9 @@ fn failed_save_leaves_no_temporary_file() {
     let err = Net::init(22).save_safetensors(&path).unwrap_err();
     assert_mentions(&err.to_string(), &["net.safetensors"]);
     let names = file_names(&dir);
-    assert_eq!(names, vec!["net.safetensors".to_string()], "files left in the directory");
+    assert_eq!(
+        names,
+        vec!["net.safetensors".to_string()],
+        "files left in the directory"
+    );
 }

@@ -10,7 +10,7 @@ mod common;
 
 use common::Rng;
 use rtx_core::optim::{Adam, AdamW, Optimizer, Sgd};
-use rtx_core::{join_name, Grads, Module, RtxError, Tensor};
+use rtx_core::{Grads, Module, RtxError, Tensor, join_name};
 
 /// A hand-written module with a single parameter `w: [3]`.
 struct Tiny {
@@ -19,7 +19,9 @@ struct Tiny {
 
 impl Module for Tiny {
     fn init_with(rng: &mut rtx_core::Rng) -> Self {
-        Tiny { w: Tensor::from_vec((0..3).map(|_| rng.uniform(-1.0, 1.0)).collect(), &[3]).unwrap() }
+        Tiny {
+            w: Tensor::from_vec((0..3).map(|_| rng.uniform(-1.0, 1.0)).collect(), &[3]).unwrap(),
+        }
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
         f(&join_name(prefix, "w"), &self.w);
@@ -48,7 +50,9 @@ fn grads_of(g: &[f32]) -> Grads {
 
 /// Runs `opt` for every gradient and returns the parameter after each step.
 fn run(opt: &mut impl Optimizer, p0: &[f32], grads: &[Vec<f32>]) -> Vec<Vec<f32>> {
-    let mut model = Tiny { w: Tensor::from_vec(p0.to_vec(), &[3]).unwrap() };
+    let mut model = Tiny {
+        w: Tensor::from_vec(p0.to_vec(), &[3]).unwrap(),
+    };
     grads
         .iter()
         .map(|g| {
@@ -62,7 +66,13 @@ fn assert_trajectory(got: &[Vec<f32>], want: &[Vec<f64>], what: &str) {
     for (t, (g, w)) in got.iter().zip(want).enumerate() {
         for i in 0..3 {
             let err = (g[i] as f64 - w[i]).abs();
-            assert!(err <= TOL, "{what}: step {} element {i}: got {}, want {} (error {err:e})", t + 1, g[i], w[i]);
+            assert!(
+                err <= TOL,
+                "{what}: step {} element {i}: got {}, want {} (error {err:e})",
+                t + 1,
+                g[i],
+                w[i]
+            );
         }
     }
 }
@@ -80,7 +90,15 @@ fn f(x: f32) -> f64 {
 ///     g = g + momentum * b  if nesterov  else  b
 /// p = p - lr * g
 /// ```
-fn sgd_reference(p0: &[f32], grads: &[Vec<f32>], lr: f32, momentum: f32, dampening: f32, nesterov: bool, wd: f32) -> Vec<Vec<f64>> {
+fn sgd_reference(
+    p0: &[f32],
+    grads: &[Vec<f32>],
+    lr: f32,
+    momentum: f32,
+    dampening: f32,
+    nesterov: bool,
+    wd: f32,
+) -> Vec<Vec<f64>> {
     let (lr, mu, tau, wd) = (f(lr), f(momentum), f(dampening), f(wd));
     let mut p: Vec<f64> = p0.iter().map(|&v| f(v)).collect();
     let mut b: Option<Vec<f64>> = None;
@@ -92,7 +110,11 @@ fn sgd_reference(p0: &[f32], grads: &[Vec<f32>], lr: f32, momentum: f32, dampeni
                 None => g.clone(),
                 Some(prev) => (0..3).map(|i| mu * prev[i] + (1.0 - tau) * g[i]).collect(),
             };
-            g = if nesterov { (0..3).map(|i| g[i] + mu * buf[i]).collect() } else { buf.clone() };
+            g = if nesterov {
+                (0..3).map(|i| g[i] + mu * buf[i]).collect()
+            } else {
+                buf.clone()
+            };
             b = Some(buf);
         }
         for i in 0..3 {
@@ -111,7 +133,15 @@ fn sgd_reference(p0: &[f32], grads: &[Vec<f32>], lr: f32, momentum: f32, dampeni
 /// m_hat = m / (1 - beta1^t);  v_hat = v / (1 - beta2^t)
 /// p = p - lr * m_hat / (sqrt(v_hat) + eps)
 /// ```
-fn adam_reference(p0: &[f32], grads: &[Vec<f32>], lr: f32, betas: (f32, f32), eps: f32, wd: f32, decoupled: bool) -> Vec<Vec<f64>> {
+fn adam_reference(
+    p0: &[f32],
+    grads: &[Vec<f32>],
+    lr: f32,
+    betas: (f32, f32),
+    eps: f32,
+    wd: f32,
+    decoupled: bool,
+) -> Vec<Vec<f64>> {
     let (lr, b1, b2, eps, wd) = (f(lr), f(betas.0), f(betas.1), f(eps), f(wd));
     let mut p: Vec<f64> = p0.iter().map(|&v| f(v)).collect();
     let (mut m, mut v) = (vec![0.0; 3], vec![0.0; 3]);
@@ -140,76 +170,133 @@ fn adam_reference(p0: &[f32], grads: &[Vec<f32>], lr: f32, betas: (f32, f32), ep
 fn plain_sgd_follows_pytorch() {
     let (p0, grads) = setup(1);
     let got = run(&mut Sgd::new(0.1), &p0, &grads);
-    assert_trajectory(&got, &sgd_reference(&p0, &grads, 0.1, 0.0, 0.0, false, 0.0), "sgd");
+    assert_trajectory(
+        &got,
+        &sgd_reference(&p0, &grads, 0.1, 0.0, 0.0, false, 0.0),
+        "sgd",
+    );
 }
 
 #[test]
 fn sgd_with_momentum_follows_pytorch() {
     let (p0, grads) = setup(2);
     let got = run(&mut Sgd::new(0.1).momentum(0.9), &p0, &grads);
-    assert_trajectory(&got, &sgd_reference(&p0, &grads, 0.1, 0.9, 0.0, false, 0.0), "sgd momentum");
+    assert_trajectory(
+        &got,
+        &sgd_reference(&p0, &grads, 0.1, 0.9, 0.0, false, 0.0),
+        "sgd momentum",
+    );
 }
 
 #[test]
 fn sgd_with_momentum_and_dampening_follows_pytorch() {
     let (p0, grads) = setup(3);
     let got = run(&mut Sgd::new(0.1).momentum(0.9).dampening(0.5), &p0, &grads);
-    assert_trajectory(&got, &sgd_reference(&p0, &grads, 0.1, 0.9, 0.5, false, 0.0), "sgd dampening");
+    assert_trajectory(
+        &got,
+        &sgd_reference(&p0, &grads, 0.1, 0.9, 0.5, false, 0.0),
+        "sgd dampening",
+    );
 }
 
 #[test]
 fn sgd_with_nesterov_momentum_follows_pytorch() {
     let (p0, grads) = setup(4);
     let got = run(&mut Sgd::new(0.1).momentum(0.9).nesterov(true), &p0, &grads);
-    assert_trajectory(&got, &sgd_reference(&p0, &grads, 0.1, 0.9, 0.0, true, 0.0), "sgd nesterov");
+    assert_trajectory(
+        &got,
+        &sgd_reference(&p0, &grads, 0.1, 0.9, 0.0, true, 0.0),
+        "sgd nesterov",
+    );
 }
 
 #[test]
 fn sgd_with_weight_decay_follows_pytorch() {
     let (p0, grads) = setup(5);
     let got = run(&mut Sgd::new(0.1).weight_decay(0.05), &p0, &grads);
-    assert_trajectory(&got, &sgd_reference(&p0, &grads, 0.1, 0.0, 0.0, false, 0.05), "sgd weight decay");
+    assert_trajectory(
+        &got,
+        &sgd_reference(&p0, &grads, 0.1, 0.0, 0.0, false, 0.05),
+        "sgd weight decay",
+    );
 }
 
 #[test]
 fn sgd_with_momentum_and_weight_decay_follows_pytorch() {
     let (p0, grads) = setup(6);
-    let got = run(&mut Sgd::new(0.05).momentum(0.9).nesterov(true).weight_decay(0.1), &p0, &grads);
-    assert_trajectory(&got, &sgd_reference(&p0, &grads, 0.05, 0.9, 0.0, true, 0.1), "sgd nesterov weight decay");
+    let got = run(
+        &mut Sgd::new(0.05)
+            .momentum(0.9)
+            .nesterov(true)
+            .weight_decay(0.1),
+        &p0,
+        &grads,
+    );
+    assert_trajectory(
+        &got,
+        &sgd_reference(&p0, &grads, 0.05, 0.9, 0.0, true, 0.1),
+        "sgd nesterov weight decay",
+    );
 }
 
 #[test]
 fn adam_follows_pytorch() {
     let (p0, grads) = setup(7);
     let got = run(&mut Adam::new(0.01), &p0, &grads);
-    assert_trajectory(&got, &adam_reference(&p0, &grads, 0.01, (0.9, 0.999), 1e-8, 0.0, false), "adam");
+    assert_trajectory(
+        &got,
+        &adam_reference(&p0, &grads, 0.01, (0.9, 0.999), 1e-8, 0.0, false),
+        "adam",
+    );
 }
 
 #[test]
 fn adam_with_custom_betas_eps_and_l2_weight_decay_follows_pytorch() {
     let (p0, grads) = setup(8);
-    let got = run(&mut Adam::new(0.02).betas(0.8, 0.99).eps(1e-6).weight_decay(0.1), &p0, &grads);
-    assert_trajectory(&got, &adam_reference(&p0, &grads, 0.02, (0.8, 0.99), 1e-6, 0.1, false), "adam weight decay");
+    let got = run(
+        &mut Adam::new(0.02).betas(0.8, 0.99).eps(1e-6).weight_decay(0.1),
+        &p0,
+        &grads,
+    );
+    assert_trajectory(
+        &got,
+        &adam_reference(&p0, &grads, 0.02, (0.8, 0.99), 1e-6, 0.1, false),
+        "adam weight decay",
+    );
 }
 
 #[test]
 fn adamw_follows_pytorch_with_its_default_weight_decay() {
     let (p0, grads) = setup(9);
     let got = run(&mut AdamW::new(0.01), &p0, &grads);
-    assert_trajectory(&got, &adam_reference(&p0, &grads, 0.01, (0.9, 0.999), 1e-8, 0.01, true), "adamw");
+    assert_trajectory(
+        &got,
+        &adam_reference(&p0, &grads, 0.01, (0.9, 0.999), 1e-8, 0.01, true),
+        "adamw",
+    );
 }
 
 #[test]
 fn adamw_with_large_weight_decay_follows_pytorch() {
     let (p0, grads) = setup(10);
-    let got = run(&mut AdamW::new(0.05).betas(0.85, 0.995).weight_decay(0.5), &p0, &grads);
-    assert_trajectory(&got, &adam_reference(&p0, &grads, 0.05, (0.85, 0.995), 1e-8, 0.5, true), "adamw weight decay");
+    let got = run(
+        &mut AdamW::new(0.05).betas(0.85, 0.995).weight_decay(0.5),
+        &p0,
+        &grads,
+    );
+    assert_trajectory(
+        &got,
+        &adam_reference(&p0, &grads, 0.05, (0.85, 0.995), 1e-8, 0.5, true),
+        "adamw weight decay",
+    );
 }
 
 #[test]
 fn parameters_without_a_gradient_are_left_alone() {
     let (p0, _) = setup(11);
-    let mut model = Tiny { w: Tensor::from_vec(p0.clone(), &[3]).unwrap() };
+    let mut model = Tiny {
+        w: Tensor::from_vec(p0.clone(), &[3]).unwrap(),
+    };
     let mut opt = AdamW::new(0.1);
     opt.step(&mut model, &Grads::new()).unwrap();
     assert_eq!(model.w.to_vec_f32().unwrap(), p0);
@@ -218,12 +305,17 @@ fn parameters_without_a_gradient_are_left_alone() {
 #[test]
 fn a_wrongly_shaped_gradient_is_an_error_and_changes_nothing() {
     let (p0, _) = setup(12);
-    let mut model = Tiny { w: Tensor::from_vec(p0.clone(), &[3]).unwrap() };
+    let mut model = Tiny {
+        w: Tensor::from_vec(p0.clone(), &[3]).unwrap(),
+    };
     let mut grads = Grads::new();
     grads.push("w", Tensor::from_vec(vec![0.5; 4], &[4]).unwrap());
     let err = Sgd::new(0.1).step(&mut model, &grads).unwrap_err();
     assert!(matches!(err, RtxError::ShapeMismatch { .. }), "{err:?}");
-    assert!(err.to_string().contains("[3]") && err.to_string().contains("[4]"), "{err}");
+    assert!(
+        err.to_string().contains("[3]") && err.to_string().contains("[4]"),
+        "{err}"
+    );
     assert_eq!(model.w.to_vec_f32().unwrap(), p0);
 }
 
@@ -232,7 +324,14 @@ fn adam_adds_eps_outside_the_square_root() {
     // Gradients of about 1e-6, the size of eps: eps inside the square root would shrink the
     // step a thousandfold.
     let (p0, grads) = setup(13);
-    let tiny: Vec<Vec<f32>> = grads.iter().map(|g| g.iter().map(|v| v * 1e-6).collect()).collect();
+    let tiny: Vec<Vec<f32>> = grads
+        .iter()
+        .map(|g| g.iter().map(|v| v * 1e-6).collect())
+        .collect();
     let got = run(&mut Adam::new(0.01).eps(1e-6), &p0, &tiny);
-    assert_trajectory(&got, &adam_reference(&p0, &tiny, 0.01, (0.9, 0.999), 1e-6, 0.0, false), "adam small gradients");
+    assert_trajectory(
+        &got,
+        &adam_reference(&p0, &tiny, 0.01, (0.9, 0.999), 1e-6, 0.0, false),
+        "adam small gradients",
+    );
 }

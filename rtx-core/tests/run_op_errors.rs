@@ -16,7 +16,11 @@ fn run(op: &Op, args: &[&Tensor]) -> rtx_core::Result<Tensor> {
 /// Asserts a `ShapeMismatch` whose expected and found shapes are the given ones.
 fn assert_mismatch(op: &Op, args: &[&Tensor], expected: &str, found: &str) {
     match run(op, args) {
-        Err(RtxError::ShapeMismatch { expected: e, found: f, .. }) => {
+        Err(RtxError::ShapeMismatch {
+            expected: e,
+            found: f,
+            ..
+        }) => {
             assert_eq!((e.as_str(), f.as_str()), (expected, found), "{op:?}");
         }
         other => panic!("{op:?}: expected a shape mismatch, got {other:?}"),
@@ -34,7 +38,12 @@ fn assert_invalid(op: &Op, args: &[&Tensor], words: &str) {
 fn elementwise_backward_ops_reject_a_gradient_of_another_shape() {
     let mut rng = Rng::new(1);
     let (x, g) = (rng.tensor(&[3, 4]), rng.tensor(&[2, 2]));
-    for op in [Op::ReluGrad, Op::GeluGrad, Op::SoftmaxGrad { axis: 1 }, Op::LogSoftmaxGrad { axis: 1 }] {
+    for op in [
+        Op::ReluGrad,
+        Op::GeluGrad,
+        Op::SoftmaxGrad { axis: 1 },
+        Op::LogSoftmaxGrad { axis: 1 },
+    ] {
         assert_mismatch(&op, &[&x, &g], "[3, 4]", "[2, 2]");
     }
 }
@@ -43,8 +52,24 @@ fn elementwise_backward_ops_reject_a_gradient_of_another_shape() {
 fn reduction_backward_ops_reject_a_gradient_of_another_shape() {
     let mut rng = Rng::new(2);
     let (x, g) = (rng.tensor(&[3, 4]), rng.tensor(&[5]));
-    assert_mismatch(&Op::MeanGrad { axes: vec![1], keepdim: false }, &[&x, &g], "[3]", "[5]");
-    assert_mismatch(&Op::MaxGrad { axes: vec![1], keepdim: true }, &[&x, &g], "[3, 1]", "[5]");
+    assert_mismatch(
+        &Op::MeanGrad {
+            axes: vec![1],
+            keepdim: false,
+        },
+        &[&x, &g],
+        "[3]",
+        "[5]",
+    );
+    assert_mismatch(
+        &Op::MaxGrad {
+            axes: vec![1],
+            keepdim: true,
+        },
+        &[&x, &g],
+        "[3, 1]",
+        "[5]",
+    );
 }
 
 #[test]
@@ -53,17 +78,47 @@ fn cross_entropy_grad_rejects_labels_of_another_batch_and_a_non_scalar_gradient(
     let logits = rng.tensor(&[3, 4]);
     let (short, labels) = (rng.ids(&[2], 4), rng.ids(&[3], 4));
     let scalar = Tensor::scalar(1.0);
-    assert_mismatch(&Op::CrossEntropyGrad, &[&logits, &short, &scalar], "[3]", "[2]");
-    assert_mismatch(&Op::CrossEntropyGrad, &[&logits, &labels, &rng.tensor(&[3])], "[]", "[3]");
+    assert_mismatch(
+        &Op::CrossEntropyGrad,
+        &[&logits, &short, &scalar],
+        "[3]",
+        "[2]",
+    );
+    assert_mismatch(
+        &Op::CrossEntropyGrad,
+        &[&logits, &labels, &rng.tensor(&[3])],
+        "[]",
+        "[3]",
+    );
 }
 
 #[test]
 fn conv_backward_ops_reject_a_gradient_of_another_shape() {
     let mut rng = Rng::new(4);
-    let (x, w, g) = (rng.tensor(&[1, 1, 5, 5]), rng.tensor(&[2, 1, 2, 2]), rng.tensor(&[1, 2, 3, 3]));
+    let (x, w, g) = (
+        rng.tensor(&[1, 1, 5, 5]),
+        rng.tensor(&[2, 1, 2, 2]),
+        rng.tensor(&[1, 2, 3, 3]),
+    );
     let conv = ([1, 1], [0, 0]);
-    assert_mismatch(&Op::Conv2dGradInput { stride: conv.0, padding: conv.1 }, &[&g, &w, &x], "[1, 2, 4, 4]", "[1, 2, 3, 3]");
-    assert_mismatch(&Op::Conv2dGradWeight { stride: conv.0, padding: conv.1 }, &[&x, &g, &w], "[1, 2, 4, 4]", "[1, 2, 3, 3]");
+    assert_mismatch(
+        &Op::Conv2dGradInput {
+            stride: conv.0,
+            padding: conv.1,
+        },
+        &[&g, &w, &x],
+        "[1, 2, 4, 4]",
+        "[1, 2, 3, 3]",
+    );
+    assert_mismatch(
+        &Op::Conv2dGradWeight {
+            stride: conv.0,
+            padding: conv.1,
+        },
+        &[&x, &g, &w],
+        "[1, 2, 4, 4]",
+        "[1, 2, 3, 3]",
+    );
 }
 
 #[test]
@@ -71,8 +126,26 @@ fn pool_backward_ops_reject_a_gradient_of_another_shape() {
     let mut rng = Rng::new(5);
     let (x, g) = (rng.tensor(&[1, 1, 4, 4]), rng.tensor(&[1, 1, 3, 3]));
     let (kernel, stride, padding) = ([2, 2], [2, 2], [0, 0]);
-    assert_mismatch(&Op::MaxPool2dGrad { kernel, stride, padding }, &[&x, &g], "[1, 1, 2, 2]", "[1, 1, 3, 3]");
-    assert_mismatch(&Op::AvgPool2dGrad { kernel, stride, padding }, &[&x, &g], "[1, 1, 2, 2]", "[1, 1, 3, 3]");
+    assert_mismatch(
+        &Op::MaxPool2dGrad {
+            kernel,
+            stride,
+            padding,
+        },
+        &[&x, &g],
+        "[1, 1, 2, 2]",
+        "[1, 1, 3, 3]",
+    );
+    assert_mismatch(
+        &Op::AvgPool2dGrad {
+            kernel,
+            stride,
+            padding,
+        },
+        &[&x, &g],
+        "[1, 1, 2, 2]",
+        "[1, 1, 3, 3]",
+    );
 }
 
 #[test]
@@ -86,9 +159,18 @@ fn embedding_grad_rejects_a_gradient_that_does_not_match_the_ids() {
 fn pad_narrow_rejects_a_window_outside_the_full_shape() {
     let mut rng = Rng::new(7);
     let (g, full) = (rng.tensor(&[2, 3]), rng.tensor(&[2, 7]));
-    assert_invalid(&Op::PadNarrow { axis: 1, start: 5 }, &[&g, &full], "out of range");
+    assert_invalid(
+        &Op::PadNarrow { axis: 1, start: 5 },
+        &[&g, &full],
+        "out of range",
+    );
     assert_invalid(&Op::PadNarrow { axis: 2, start: 0 }, &[&g, &full], "axis 2");
-    assert_mismatch(&Op::PadNarrow { axis: 1, start: 0 }, &[&rng.tensor(&[3, 3]), &full], "[2, 3]", "[3, 3]");
+    assert_mismatch(
+        &Op::PadNarrow { axis: 1, start: 0 },
+        &[&rng.tensor(&[3, 3]), &full],
+        "[2, 3]",
+        "[3, 3]",
+    );
 }
 
 #[test]
@@ -96,15 +178,27 @@ fn sum_to_rejects_a_target_the_gradient_does_not_broadcast_from() {
     let mut rng = Rng::new(8);
     let g = rng.tensor(&[2, 3]);
     assert_invalid(&Op::SumTo, &[&g, &rng.tensor(&[4])], "does not broadcast");
-    assert_invalid(&Op::SumTo, &[&g, &rng.tensor(&[5, 2, 3])], "does not broadcast");
+    assert_invalid(
+        &Op::SumTo,
+        &[&g, &rng.tensor(&[5, 2, 3])],
+        "does not broadcast",
+    );
 }
 
 #[test]
 fn pooling_with_a_zero_kernel_is_an_error() {
     let x = Rng::new(9).tensor(&[1, 1, 4, 4]);
     for op in [
-        Op::MaxPool2d { kernel: [0, 2], stride: [1, 1], padding: [0, 0] },
-        Op::AvgPool2d { kernel: [2, 0], stride: [1, 1], padding: [0, 0] },
+        Op::MaxPool2d {
+            kernel: [0, 2],
+            stride: [1, 1],
+            padding: [0, 0],
+        },
+        Op::AvgPool2d {
+            kernel: [2, 0],
+            stride: [1, 1],
+            padding: [0, 0],
+        },
     ] {
         assert_invalid(&op, &[&x], "must be at least 1");
     }

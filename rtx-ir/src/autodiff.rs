@@ -6,7 +6,7 @@
 //! operand's shape (`SumTo`).
 
 use crate::dim::Dim;
-use crate::graph::{Graph, GradOf, NodeId};
+use crate::graph::{GradOf, Graph, NodeId};
 use crate::infer::{ShapeError, Unifier};
 use crate::op::{DType, Op};
 
@@ -22,16 +22,23 @@ pub fn differentiate(graph: &mut Graph, output: NodeId) -> Result<Vec<GradOf>, S
     let forward_len = graph.len();
     let mut u = Unifier::default();
     let mut grads: Vec<Option<NodeId>> = vec![None; forward_len];
-    grads[output] = Some(graph.push(Op::Const { value: 1.0 }, &[], &mut u).map_err(|e| e.to_string())?);
+    grads[output] = Some(
+        graph
+            .push(Op::Const { value: 1.0 }, &[], &mut u)
+            .map_err(|e| e.to_string())?,
+    );
     for id in (0..forward_len).rev() {
         let Some(g) = grads[id] else { continue };
-        let arg_grads = vjp(graph, id, g, &mut u).map_err(|e| format!("while differentiating %{id}: {e}"))?;
+        let arg_grads =
+            vjp(graph, id, g, &mut u).map_err(|e| format!("while differentiating %{id}: {e}"))?;
         let args = graph.node(id).args.clone();
         for (arg, ag) in args.into_iter().zip(arg_grads) {
             let Some(ag) = ag else { continue };
             grads[arg] = Some(match grads[arg] {
                 None => ag,
-                Some(prev) => graph.push(Op::Add, &[prev, ag], &mut u).map_err(|e| e.to_string())?,
+                Some(prev) => graph
+                    .push(Op::Add, &[prev, ag], &mut u)
+                    .map_err(|e| e.to_string())?,
             });
         }
     }
@@ -40,7 +47,10 @@ pub fn differentiate(graph: &mut Graph, output: NodeId) -> Result<Vec<GradOf>, S
             let n = graph.node(i);
             matches!(n.op, Op::Param { .. } | Op::Input { .. }) && n.dtype == DType::F32
         })
-        .map(|leaf| GradOf { leaf, grad: grads[leaf] })
+        .map(|leaf| GradOf {
+            leaf,
+            grad: grads[leaf],
+        })
         .collect())
 }
 
@@ -84,7 +94,12 @@ impl B<'_> {
 }
 
 /// The gradient of each argument of node `id`, given the gradient `g` of its output.
-fn vjp(graph: &mut Graph, id: NodeId, g: NodeId, u: &mut Unifier) -> Result<Vec<Option<NodeId>>, String> {
+fn vjp(
+    graph: &mut Graph,
+    id: NodeId,
+    g: NodeId,
+    u: &mut Unifier,
+) -> Result<Vec<Option<NodeId>>, String> {
     let node = graph.node(id).clone();
     let x = |i: usize| node.args[i];
     let y = id;
@@ -92,7 +107,9 @@ fn vjp(graph: &mut Graph, id: NodeId, g: NodeId, u: &mut Unifier) -> Result<Vec<
     let e = |e: ShapeError| e.to_string();
     let one = |v: NodeId| Ok::<_, String>(vec![Some(v)]);
     match &node.op {
-        Op::Input { .. } | Op::Param { .. } | Op::Const { .. } | Op::DropoutMask { .. } => Ok(vec![None; node.args.len()]),
+        Op::Input { .. } | Op::Param { .. } | Op::Const { .. } | Op::DropoutMask { .. } => {
+            Ok(vec![None; node.args.len()])
+        }
         Op::Neg => one(b.neg(g).map_err(e)?),
         Op::Relu => one(b.op(Op::ReluGrad, &[x(0), g]).map_err(e)?),
         Op::Gelu => one(b.op(Op::GeluGrad, &[x(0), g]).map_err(e)?),
@@ -120,19 +137,35 @@ fn vjp(graph: &mut Graph, id: NodeId, g: NodeId, u: &mut Unifier) -> Result<Vec<
         // d x^p = p x^(p-1)
         Op::PowScalar { exponent } => {
             let p = b.c(*exponent).map_err(e)?;
-            let xp = b.op(Op::PowScalar { exponent: exponent - 1.0 }, &[x(0)]).map_err(e)?;
+            let xp = b
+                .op(
+                    Op::PowScalar {
+                        exponent: exponent - 1.0,
+                    },
+                    &[x(0)],
+                )
+                .map_err(e)?;
             let d = b.mul(p, xp).map_err(e)?;
             one(b.mul(g, d).map_err(e)?)
         }
-        Op::Add => Ok(vec![Some(b.sum_to(g, x(0)).map_err(e)?), Some(b.sum_to(g, x(1)).map_err(e)?)]),
+        Op::Add => Ok(vec![
+            Some(b.sum_to(g, x(0)).map_err(e)?),
+            Some(b.sum_to(g, x(1)).map_err(e)?),
+        ]),
         Op::Sub => {
             let ng = b.neg(g).map_err(e)?;
-            Ok(vec![Some(b.sum_to(g, x(0)).map_err(e)?), Some(b.sum_to(ng, x(1)).map_err(e)?)])
+            Ok(vec![
+                Some(b.sum_to(g, x(0)).map_err(e)?),
+                Some(b.sum_to(ng, x(1)).map_err(e)?),
+            ])
         }
         Op::Mul => {
             let ga = b.mul(g, x(1)).map_err(e)?;
             let gb = b.mul(g, x(0)).map_err(e)?;
-            Ok(vec![Some(b.sum_to(ga, x(0)).map_err(e)?), Some(b.sum_to(gb, x(1)).map_err(e)?)])
+            Ok(vec![
+                Some(b.sum_to(ga, x(0)).map_err(e)?),
+                Some(b.sum_to(gb, x(1)).map_err(e)?),
+            ])
         }
         // d(a/b)/db = -(a/b)/b = -y/b
         Op::Div => {
@@ -140,29 +173,64 @@ fn vjp(graph: &mut Graph, id: NodeId, g: NodeId, u: &mut Unifier) -> Result<Vec<
             let gy = b.mul(g, y).map_err(e)?;
             let gyb = b.div(gy, x(1)).map_err(e)?;
             let gb = b.neg(gyb).map_err(e)?;
-            Ok(vec![Some(b.sum_to(ga, x(0)).map_err(e)?), Some(b.sum_to(gb, x(1)).map_err(e)?)])
+            Ok(vec![
+                Some(b.sum_to(ga, x(0)).map_err(e)?),
+                Some(b.sum_to(gb, x(1)).map_err(e)?),
+            ])
         }
         Op::Sum { axes, keepdim } => {
             let gk = keep_dims(&mut b, g, x(0), axes, *keepdim).map_err(e)?;
             one(b.op(Op::BroadcastTo, &[gk, x(0)]).map_err(e)?)
         }
-        Op::Mean { axes, keepdim } => one(b.op(Op::MeanGrad { axes: axes.clone(), keepdim: *keepdim }, &[x(0), g]).map_err(e)?),
-        Op::Max { axes, keepdim } => one(b.op(Op::MaxGrad { axes: axes.clone(), keepdim: *keepdim }, &[x(0), g]).map_err(e)?),
+        Op::Mean { axes, keepdim } => one(b
+            .op(
+                Op::MeanGrad {
+                    axes: axes.clone(),
+                    keepdim: *keepdim,
+                },
+                &[x(0), g],
+            )
+            .map_err(e)?),
+        Op::Max { axes, keepdim } => one(b
+            .op(
+                Op::MaxGrad {
+                    axes: axes.clone(),
+                    keepdim: *keepdim,
+                },
+                &[x(0), g],
+            )
+            .map_err(e)?),
         // C = A B:  dA = dC B^T,  dB = A^T dC
         Op::MatMul => {
             let bt = b.transpose_last(x(1)).map_err(e)?;
             let ga = b.op(Op::MatMul, &[g, bt]).map_err(e)?;
             let at = b.transpose_last(x(0)).map_err(e)?;
             let gb = b.op(Op::MatMul, &[at, g]).map_err(e)?;
-            Ok(vec![Some(b.sum_to(ga, x(0)).map_err(e)?), Some(b.sum_to(gb, x(1)).map_err(e)?)])
+            Ok(vec![
+                Some(b.sum_to(ga, x(0)).map_err(e)?),
+                Some(b.sum_to(gb, x(1)).map_err(e)?),
+            ])
         }
         Op::Softmax { axis } => one(b.op(Op::SoftmaxGrad { axis: *axis }, &[y, g]).map_err(e)?),
-        Op::LogSoftmax { axis } => one(b.op(Op::LogSoftmaxGrad { axis: *axis }, &[y, g]).map_err(e)?),
-        Op::CrossEntropy => Ok(vec![Some(b.op(Op::CrossEntropyGrad, &[x(0), x(1), g]).map_err(e)?), None]),
+        Op::LogSoftmax { axis } => one(b
+            .op(Op::LogSoftmaxGrad { axis: *axis }, &[y, g])
+            .map_err(e)?),
+        Op::CrossEntropy => Ok(vec![
+            Some(b.op(Op::CrossEntropyGrad, &[x(0), x(1), g]).map_err(e)?),
+            None,
+        ]),
         // mse = mean((a-b)^2): d/da = 2 (a - b) * g / n
         Op::Mse => {
             let r = b.g.node(x(0)).shape.len();
-            let gm = b.op(Op::MeanGrad { axes: (0..r).collect(), keepdim: false }, &[x(0), g]).map_err(e)?;
+            let gm = b
+                .op(
+                    Op::MeanGrad {
+                        axes: (0..r).collect(),
+                        keepdim: false,
+                    },
+                    &[x(0), g],
+                )
+                .map_err(e)?;
             let diff = b.op(Op::Sub, &[x(0), x(1)]).map_err(e)?;
             let c2 = b.c(2.0).map_err(e)?;
             let d2 = b.mul(c2, diff).map_err(e)?;
@@ -171,17 +239,58 @@ fn vjp(graph: &mut Graph, id: NodeId, g: NodeId, u: &mut Unifier) -> Result<Vec<
             Ok(vec![Some(ga), Some(gb)])
         }
         Op::Conv2d { stride, padding } => {
-            let gx = b.op(Op::Conv2dGradInput { stride: *stride, padding: *padding }, &[g, x(1), x(0)]).map_err(e)?;
-            let gw = b.op(Op::Conv2dGradWeight { stride: *stride, padding: *padding }, &[x(0), g, x(1)]).map_err(e)?;
+            let gx = b
+                .op(
+                    Op::Conv2dGradInput {
+                        stride: *stride,
+                        padding: *padding,
+                    },
+                    &[g, x(1), x(0)],
+                )
+                .map_err(e)?;
+            let gw = b
+                .op(
+                    Op::Conv2dGradWeight {
+                        stride: *stride,
+                        padding: *padding,
+                    },
+                    &[x(0), g, x(1)],
+                )
+                .map_err(e)?;
             Ok(vec![Some(gx), Some(gw)])
         }
-        Op::MaxPool2d { kernel, stride, padding } => {
-            one(b.op(Op::MaxPool2dGrad { kernel: *kernel, stride: *stride, padding: *padding }, &[x(0), g]).map_err(e)?)
-        }
-        Op::AvgPool2d { kernel, stride, padding } => {
-            one(b.op(Op::AvgPool2dGrad { kernel: *kernel, stride: *stride, padding: *padding }, &[x(0), g]).map_err(e)?)
-        }
-        Op::Embedding => Ok(vec![Some(b.op(Op::EmbeddingGrad, &[g, x(1), x(0)]).map_err(e)?), None]),
+        Op::MaxPool2d {
+            kernel,
+            stride,
+            padding,
+        } => one(b
+            .op(
+                Op::MaxPool2dGrad {
+                    kernel: *kernel,
+                    stride: *stride,
+                    padding: *padding,
+                },
+                &[x(0), g],
+            )
+            .map_err(e)?),
+        Op::AvgPool2d {
+            kernel,
+            stride,
+            padding,
+        } => one(b
+            .op(
+                Op::AvgPool2dGrad {
+                    kernel: *kernel,
+                    stride: *stride,
+                    padding: *padding,
+                },
+                &[x(0), g],
+            )
+            .map_err(e)?),
+        Op::Embedding => Ok(vec![
+            Some(b.op(Op::EmbeddingGrad, &[g, x(1), x(0)]).map_err(e)?),
+            None,
+        ]),
         Op::Reshape { .. } => {
             let shape = b.g.node(x(0)).shape.clone();
             one(b.op(Op::Reshape { shape }, &[g]).map_err(e)?)
@@ -198,14 +307,35 @@ fn vjp(graph: &mut Graph, id: NodeId, g: NodeId, u: &mut Unifier) -> Result<Vec<
             let mut start = 0usize;
             for &a in &node.args {
                 let len = b.g.node(a).shape[*axis].as_known().ok_or_else(|| {
-                    format!("concat along a symbolic axis ({}) cannot be differentiated yet", b.g.node(a).shape[*axis])
+                    format!(
+                        "concat along a symbolic axis ({}) cannot be differentiated yet",
+                        b.g.node(a).shape[*axis]
+                    )
                 })?;
-                out.push(Some(b.op(Op::Narrow { axis: *axis, start, len }, &[g]).map_err(e)?));
+                out.push(Some(
+                    b.op(
+                        Op::Narrow {
+                            axis: *axis,
+                            start,
+                            len,
+                        },
+                        &[g],
+                    )
+                    .map_err(e)?,
+                ));
                 start += len;
             }
             Ok(out)
         }
-        Op::Narrow { axis, start, .. } => one(b.op(Op::PadNarrow { axis: *axis, start: *start }, &[g, x(0)]).map_err(e)?),
+        Op::Narrow { axis, start, .. } => one(b
+            .op(
+                Op::PadNarrow {
+                    axis: *axis,
+                    start: *start,
+                },
+                &[g, x(0)],
+            )
+            .map_err(e)?),
         Op::BroadcastTo => Ok(vec![Some(b.sum_to(g, x(0)).map_err(e)?), None]),
         Op::SumTo
         | Op::ReluGrad
@@ -220,15 +350,36 @@ fn vjp(graph: &mut Graph, id: NodeId, g: NodeId, u: &mut Unifier) -> Result<Vec<
         | Op::MaxPool2dGrad { .. }
         | Op::AvgPool2dGrad { .. }
         | Op::PadNarrow { .. }
-        | Op::EmbeddingGrad => Err(format!("`{}` is a backward op; second derivatives are not supported", node.op.name())),
+        | Op::EmbeddingGrad => Err(format!(
+            "`{}` is a backward op; second derivatives are not supported",
+            node.op.name()
+        )),
     }
 }
 
 /// Reinserts reduced axes as size 1 so the gradient broadcasts back over them.
-fn keep_dims(b: &mut B<'_>, g: NodeId, x: NodeId, axes: &[usize], keepdim: bool) -> Result<NodeId, ShapeError> {
+fn keep_dims(
+    b: &mut B<'_>,
+    g: NodeId,
+    x: NodeId,
+    axes: &[usize],
+    keepdim: bool,
+) -> Result<NodeId, ShapeError> {
     if keepdim {
         return Ok(g);
     }
-    let shape = b.g.node(x).shape.iter().enumerate().map(|(i, d)| if axes.contains(&i) { Dim::known(1) } else { d.clone() }).collect();
+    let shape =
+        b.g.node(x)
+            .shape
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                if axes.contains(&i) {
+                    Dim::known(1)
+                } else {
+                    d.clone()
+                }
+            })
+            .collect();
     b.op(Op::Reshape { shape }, &[g])
 }

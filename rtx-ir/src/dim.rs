@@ -103,7 +103,11 @@ impl Dim {
             return None;
         }
         let (mono, coeff) = self.terms.iter().next()?;
-        if *coeff == 1 && mono.len() == 1 { mono.first() } else { None }
+        if *coeff == 1 && mono.len() == 1 {
+            mono.first()
+        } else {
+            None
+        }
     }
 
     pub fn add(&self, other: &Dim) -> Dim {
@@ -271,13 +275,20 @@ mod tests {
 
     #[test]
     fn conv_size_of_constant_folds() {
-        let h = Dim::known(8).add(&Dim::known(2)).sub(&Dim::known(3)).floor_div(1).add(&Dim::known(1));
+        let h = Dim::known(8)
+            .add(&Dim::known(2))
+            .sub(&Dim::known(3))
+            .floor_div(1)
+            .add(&Dim::known(1));
         assert_eq!(h.as_known(), Some(8));
     }
 
     #[test]
     fn floor_div_of_symbol_stays_symbolic_and_evaluates() {
-        let h = Dim::sym("H").sub(&Dim::known(3)).floor_div(2).add(&Dim::known(1));
+        let h = Dim::sym("H")
+            .sub(&Dim::known(3))
+            .floor_div(2)
+            .add(&Dim::known(1));
         let env = HashMap::from([("H".to_string(), 9)]);
         assert_eq!(h.eval(&env), Some(4));
         assert_eq!(h.to_string(), "(H - 3)/2 + 1");

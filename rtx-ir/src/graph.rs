@@ -4,7 +4,7 @@
 //! output, the backward nodes the compiler derived, appended after them. A `ModelIr` is what
 //! `Model::graph()` returns: every graph function of a model, serialized as versioned JSON.
 
-use crate::infer::{fmt_shape, infer, ShapeError, Unifier};
+use crate::infer::{ShapeError, Unifier, fmt_shape, infer};
 use crate::op::{DType, Op, Shape};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
@@ -30,9 +30,17 @@ pub struct Graph {
 impl Graph {
     /// Appends `op(args)` after checking its shape rule.
     pub fn push(&mut self, op: Op, args: &[NodeId], u: &mut Unifier) -> Result<NodeId, ShapeError> {
-        let arg_info: Vec<(&Shape, DType)> = args.iter().map(|&a| (&self.nodes[a].shape, self.nodes[a].dtype)).collect();
+        let arg_info: Vec<(&Shape, DType)> = args
+            .iter()
+            .map(|&a| (&self.nodes[a].shape, self.nodes[a].dtype))
+            .collect();
         let (shape, dtype) = infer(&op, &arg_info, u)?;
-        self.nodes.push(Node { op, args: args.to_vec(), shape, dtype });
+        self.nodes.push(Node {
+            op,
+            args: args.to_vec(),
+            shape,
+            dtype,
+        });
         Ok(self.nodes.len() - 1)
     }
 
@@ -51,11 +59,18 @@ impl Graph {
     /// Finds an identical earlier node (same op, same args) so repeated sub-expressions and
     /// repeated parameter reads share one value.
     pub fn find(&self, op: &Op, args: &[NodeId]) -> Option<NodeId> {
-        self.nodes.iter().position(|n| &n.op == op && n.args == args)
+        self.nodes
+            .iter()
+            .position(|n| &n.op == op && n.args == args)
     }
 
     /// Like `push`, but returns an existing identical node instead of adding a copy.
-    pub fn push_shared(&mut self, op: Op, args: &[NodeId], u: &mut Unifier) -> Result<NodeId, ShapeError> {
+    pub fn push_shared(
+        &mut self,
+        op: Op,
+        args: &[NodeId],
+        u: &mut Unifier,
+    ) -> Result<NodeId, ShapeError> {
         if let Some(id) = self.find(&op, args) {
             return Ok(id);
         }
@@ -103,7 +118,10 @@ impl ModelIr {
     pub fn from_json(s: &str) -> Result<ModelIr, String> {
         let ir: ModelIr = serde_json::from_str(s).map_err(|e| format!("invalid model IR: {e}"))?;
         if ir.version != IR_VERSION {
-            return Err(format!("model IR version {} is not supported (this build reads version {IR_VERSION})", ir.version));
+            return Err(format!(
+                "model IR version {} is not supported (this build reads version {IR_VERSION})",
+                ir.version
+            ));
         }
         Ok(ir)
     }
@@ -141,8 +159,16 @@ impl ModelIr {
         for (fi, f) in self.functions.iter().enumerate() {
             let _ = writeln!(s, "  subgraph cluster_{fi} {{\n    label=\"{}\";", f.name);
             for (i, n) in f.graph.nodes.iter().enumerate() {
-                let style = if i >= f.forward_len { ", style=filled, fillcolor=lightgrey" } else { "" };
-                let label = format!("{}\\n{}", describe(n).replace('"', "'"), fmt_shape(&n.shape));
+                let style = if i >= f.forward_len {
+                    ", style=filled, fillcolor=lightgrey"
+                } else {
+                    ""
+                };
+                let label = format!(
+                    "{}\\n{}",
+                    describe(n).replace('"', "'"),
+                    fmt_shape(&n.shape)
+                );
                 let _ = writeln!(s, "    f{fi}n{i} [label=\"%{i} {label}\"{style}];");
                 for a in &n.args {
                     let _ = writeln!(s, "    f{fi}n{a} -> f{fi}n{i};");
@@ -162,16 +188,45 @@ fn describe(n: &Node) -> String {
         Op::Param { name, .. } => return format!("param `{name}`"),
         Op::Const { value } => return format!("const {value}"),
         Op::PowScalar { exponent } => format!(" ^{exponent}"),
-        Op::Sum { axes, keepdim } | Op::Mean { axes, keepdim } | Op::Max { axes, keepdim } | Op::MaxGrad { axes, keepdim } | Op::MeanGrad { axes, keepdim } => {
+        Op::Sum { axes, keepdim }
+        | Op::Mean { axes, keepdim }
+        | Op::Max { axes, keepdim }
+        | Op::MaxGrad { axes, keepdim }
+        | Op::MeanGrad { axes, keepdim } => {
             format!(" axes={axes:?}{}", if *keepdim { " keepdim" } else { "" })
         }
-        Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::SoftmaxGrad { axis } | Op::LogSoftmaxGrad { axis } | Op::Concat { axis } => {
+        Op::Softmax { axis }
+        | Op::LogSoftmax { axis }
+        | Op::SoftmaxGrad { axis }
+        | Op::LogSoftmaxGrad { axis }
+        | Op::Concat { axis } => {
             format!(" axis={axis}")
         }
-        Op::Conv2d { stride, padding } | Op::Conv2dGradInput { stride, padding } | Op::Conv2dGradWeight { stride, padding } => {
+        Op::Conv2d { stride, padding }
+        | Op::Conv2dGradInput { stride, padding }
+        | Op::Conv2dGradWeight { stride, padding } => {
             format!(" stride={stride:?} padding={padding:?}")
         }
-        Op::MaxPool2d { kernel, stride, padding } | Op::AvgPool2d { kernel, stride, padding } | Op::MaxPool2dGrad { kernel, stride, padding } | Op::AvgPool2dGrad { kernel, stride, padding } => {
+        Op::MaxPool2d {
+            kernel,
+            stride,
+            padding,
+        }
+        | Op::AvgPool2d {
+            kernel,
+            stride,
+            padding,
+        }
+        | Op::MaxPool2dGrad {
+            kernel,
+            stride,
+            padding,
+        }
+        | Op::AvgPool2dGrad {
+            kernel,
+            stride,
+            padding,
+        } => {
             format!(" kernel={kernel:?} stride={stride:?} padding={padding:?}")
         }
         Op::Reshape { shape } => format!(" to {}", fmt_shape(shape)),

@@ -22,9 +22,18 @@ pub struct ShapeError {
 pub enum ShapeErrorKind {
     /// The argument should have had shape `expected`; `axis` is the first dimension that differs
     /// (None when the ranks differ).
-    Mismatch { expected: Shape, found: Shape, axis: Option<usize> },
+    Mismatch {
+        expected: Shape,
+        found: Shape,
+        axis: Option<usize>,
+    },
     /// Two shapes that NumPy broadcasting cannot join; `axis` counts from the right of `b`.
-    Broadcast { a: Shape, b: Shape, dim_a: Dim, dim_b: Dim },
+    Broadcast {
+        a: Shape,
+        b: Shape,
+        dim_a: Dim,
+        dim_b: Dim,
+    },
     /// Anything else, worded in full.
     Invalid(String),
 }
@@ -36,11 +45,23 @@ impl ShapeError {
         } else {
             None
         };
-        ShapeError { arg, kind: ShapeErrorKind::Mismatch { expected, found: found.clone(), axis }, help: None }
+        ShapeError {
+            arg,
+            kind: ShapeErrorKind::Mismatch {
+                expected,
+                found: found.clone(),
+                axis,
+            },
+            help: None,
+        }
     }
 
     fn invalid(arg: usize, msg: impl Into<String>) -> ShapeError {
-        ShapeError { arg, kind: ShapeErrorKind::Invalid(msg.into()), help: None }
+        ShapeError {
+            arg,
+            kind: ShapeErrorKind::Invalid(msg.into()),
+            help: None,
+        }
     }
 
     fn with_help(mut self, help: impl Into<String>) -> ShapeError {
@@ -51,10 +72,23 @@ impl ShapeError {
     /// The message without the op's call site: "expected [B, 127], found [B, 128]".
     pub fn detail(&self) -> String {
         match &self.kind {
-            ShapeErrorKind::Mismatch { expected, found, axis } => {
-                let mut s = format!("expected {}, found {}", fmt_shape(expected), fmt_shape(found));
+            ShapeErrorKind::Mismatch {
+                expected,
+                found,
+                axis,
+            } => {
+                let mut s = format!(
+                    "expected {}, found {}",
+                    fmt_shape(expected),
+                    fmt_shape(found)
+                );
                 match axis {
-                    Some(a) => s += &format!(" (dimension {a}: expected {}, found {})", expected[*a], found[*a]),
+                    Some(a) => {
+                        s += &format!(
+                            " (dimension {a}: expected {}, found {})",
+                            expected[*a], found[*a]
+                        )
+                    }
                     None if expected.len() != found.len() => {
                         s += &format!(" (rank {} vs {})", expected.len(), found.len())
                     }
@@ -120,8 +154,16 @@ pub fn broadcast(a: &Shape, b: &Shape, u: &mut Unifier) -> Result<Shape, ShapeEr
     let rank = a.len().max(b.len());
     let mut out = Vec::with_capacity(rank);
     for i in 0..rank {
-        let da = if i + a.len() >= rank { Some(&a[i + a.len() - rank]) } else { None };
-        let db = if i + b.len() >= rank { Some(&b[i + b.len() - rank]) } else { None };
+        let da = if i + a.len() >= rank {
+            Some(&a[i + a.len() - rank])
+        } else {
+            None
+        };
+        let db = if i + b.len() >= rank {
+            Some(&b[i + b.len() - rank])
+        } else {
+            None
+        };
         out.push(match (da, db) {
             (Some(x), None) => x.clone(),
             (None, Some(y)) => y.clone(),
@@ -131,8 +173,16 @@ pub fn broadcast(a: &Shape, b: &Shape, u: &mut Unifier) -> Result<Shape, ShapeEr
             (Some(x), Some(y)) => {
                 return Err(ShapeError {
                     arg: 1,
-                    kind: ShapeErrorKind::Broadcast { a: a.clone(), b: b.clone(), dim_a: x.clone(), dim_b: y.clone() },
-                    help: Some("make the dimensions equal, or 1 where one operand should be repeated".into()),
+                    kind: ShapeErrorKind::Broadcast {
+                        a: a.clone(),
+                        b: b.clone(),
+                        dim_a: x.clone(),
+                        dim_b: y.clone(),
+                    },
+                    help: Some(
+                        "make the dimensions equal, or 1 where one operand should be repeated"
+                            .into(),
+                    ),
                 });
             }
             (None, None) => Dim::known(1),
@@ -144,8 +194,13 @@ pub fn broadcast(a: &Shape, b: &Shape, u: &mut Unifier) -> Result<Shape, ShapeEr
 fn check_axes(axes: &[usize], rank: usize, op: &str) -> Result<(), ShapeError> {
     for &a in axes {
         if a >= rank {
-            return Err(ShapeError::invalid(0, format!("{op} axis {a} is out of range for a tensor of rank {rank}"))
-                .with_help(format!("valid axes are 0..{rank} (or -{rank}..-1 counted from the end)")));
+            return Err(ShapeError::invalid(
+                0,
+                format!("{op} axis {a} is out of range for a tensor of rank {rank}"),
+            )
+            .with_help(format!(
+                "valid axes are 0..{rank} (or -{rank}..-1 counted from the end)"
+            )));
         }
     }
     Ok(())
@@ -167,21 +222,34 @@ fn reduced(shape: &Shape, axes: &[usize], keepdim: bool) -> Shape {
 
 fn need_rank(arg: usize, s: &Shape, rank: usize, what: &str) -> Result<(), ShapeError> {
     if s.len() != rank {
-        return Err(ShapeError::invalid(arg, format!("{what} needs a rank-{rank} tensor, found {} (rank {})", fmt_shape(s), s.len())));
+        return Err(ShapeError::invalid(
+            arg,
+            format!(
+                "{what} needs a rank-{rank} tensor, found {} (rank {})",
+                fmt_shape(s),
+                s.len()
+            ),
+        ));
     }
     Ok(())
 }
 
 fn need_f32(arg: usize, dt: DType, op: &str) -> Result<(), ShapeError> {
     if dt != DType::F32 {
-        return Err(ShapeError::invalid(arg, format!("{op} needs a float tensor, found an integer tensor")));
+        return Err(ShapeError::invalid(
+            arg,
+            format!("{op} needs a float tensor, found an integer tensor"),
+        ));
     }
     Ok(())
 }
 
 /// Output size of a sliding window: `(n + 2*pad - k) / stride + 1`.
 pub fn window_out(n: &Dim, k: &Dim, stride: usize, pad: usize) -> Dim {
-    n.add(&Dim::known(2 * pad)).sub(k).floor_div(stride as u64).add(&Dim::known(1))
+    n.add(&Dim::known(2 * pad))
+        .sub(k)
+        .floor_div(stride as u64)
+        .add(&Dim::known(1))
 }
 
 fn window_dims(
@@ -194,11 +262,17 @@ fn window_dims(
     let mut out = [Dim::known(0), Dim::known(0)];
     for i in 0..2 {
         if stride[i] == 0 {
-            return Err(ShapeError::invalid(0, format!("{op} stride must be at least 1")));
+            return Err(ShapeError::invalid(
+                0,
+                format!("{op} stride must be at least 1"),
+            ));
         }
         if kernel[i].as_known() == Some(0) {
             let axis = if i == 0 { "height" } else { "width" };
-            return Err(ShapeError::invalid(0, format!("{op} kernel {axis} must be at least 1")));
+            return Err(ShapeError::invalid(
+                0,
+                format!("{op} kernel {axis} must be at least 1"),
+            ));
         }
         let n = &x[2 + i];
         let o = window_out(n, kernel[i], stride[i], padding[i]);
@@ -223,17 +297,31 @@ fn window_dims(
 
 /// Checks that the output gradient `found` (argument `arg` of a backward op) has the shape of
 /// the forward op's output.
-fn need_grad_shape(arg: usize, expected: Shape, found: &Shape, op: &str, u: &mut Unifier) -> Result<(), ShapeError> {
+fn need_grad_shape(
+    arg: usize,
+    expected: Shape,
+    found: &Shape,
+    op: &str,
+    u: &mut Unifier,
+) -> Result<(), ShapeError> {
     if !u.same_shape(&expected, found) {
-        return Err(ShapeError::mismatch(arg, expected, found)
-            .with_help(format!("the gradient argument of {op} must have the shape of the forward op's output")));
+        return Err(
+            ShapeError::mismatch(arg, expected, found).with_help(format!(
+                "the gradient argument of {op} must have the shape of the forward op's output"
+            )),
+        );
     }
     Ok(())
 }
 
 /// Runs the shape rule of the forward op `op` of a backward op; `args[i]` of the forward op is
 /// argument `from[i]` of the backward op, which errors are renumbered to.
-fn forward_shape(op: &Op, args: &[(&Shape, DType)], from: &[usize], u: &mut Unifier) -> Result<Shape, ShapeError> {
+fn forward_shape(
+    op: &Op,
+    args: &[(&Shape, DType)],
+    from: &[usize],
+    u: &mut Unifier,
+) -> Result<Shape, ShapeError> {
     let fwd: Vec<(&Shape, DType)> = from.iter().map(|&i| args[i]).collect();
     infer(op, &fwd, u).map(|(s, _)| s).map_err(|mut e| {
         e.arg = from.get(e.arg).copied().unwrap_or(e.arg);
@@ -242,10 +330,22 @@ fn forward_shape(op: &Op, args: &[(&Shape, DType)], from: &[usize], u: &mut Unif
 }
 
 /// The shape rule of `op` applied to its arguments' shapes and dtypes.
-pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shape, DType), ShapeError> {
+pub fn infer(
+    op: &Op,
+    args: &[(&Shape, DType)],
+    u: &mut Unifier,
+) -> Result<(Shape, DType), ShapeError> {
     let d = op.def();
     if d.arity != usize::MAX && args.len() != d.arity {
-        return Err(ShapeError::invalid(0, format!("{} takes {} argument(s), found {}", d.name, d.arity, args.len())));
+        return Err(ShapeError::invalid(
+            0,
+            format!(
+                "{} takes {} argument(s), found {}",
+                d.name,
+                d.arity,
+                args.len()
+            ),
+        ));
     }
     let f32_out = |s: Shape| Ok((s, DType::F32));
     let sh = |i: usize| args[i].0;
@@ -253,7 +353,15 @@ pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shap
         Op::Input { shape, dtype, .. } => Ok((shape.clone(), *dtype)),
         Op::Param { shape, .. } => f32_out(shape.clone()),
         Op::Const { .. } => f32_out(vec![]),
-        Op::Neg | Op::Relu | Op::Gelu | Op::Tanh | Op::Sigmoid | Op::Exp | Op::Log | Op::Sqrt | Op::PowScalar { .. } => {
+        Op::Neg
+        | Op::Relu
+        | Op::Gelu
+        | Op::Tanh
+        | Op::Sigmoid
+        | Op::Exp
+        | Op::Log
+        | Op::Sqrt
+        | Op::PowScalar { .. } => {
             need_f32(0, args[0].1, d.name)?;
             f32_out(sh(0).clone())
         }
@@ -269,10 +377,16 @@ pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shap
         Op::MatMul => {
             let (a, b) = (sh(0), sh(1));
             if a.len() < 2 {
-                return Err(ShapeError::invalid(0, format!("matmul needs rank >= 2 operands, found {}", fmt_shape(a))));
+                return Err(ShapeError::invalid(
+                    0,
+                    format!("matmul needs rank >= 2 operands, found {}", fmt_shape(a)),
+                ));
             }
             if b.len() < 2 {
-                return Err(ShapeError::invalid(1, format!("matmul needs rank >= 2 operands, found {}", fmt_shape(b))));
+                return Err(ShapeError::invalid(
+                    1,
+                    format!("matmul needs rank >= 2 operands, found {}", fmt_shape(b)),
+                ));
             }
             let k = &a[a.len() - 1];
             let k2 = &b[b.len() - 2];
@@ -298,7 +412,10 @@ pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shap
             let (logits, labels) = (sh(0), sh(1));
             need_rank(0, logits, 2, "cross_entropy logits [N, C]")?;
             if args[1].1 != DType::I64 {
-                return Err(ShapeError::invalid(1, "cross_entropy labels must be integer class indices (i64), found a float tensor"));
+                return Err(ShapeError::invalid(
+                    1,
+                    "cross_entropy labels must be integer class indices (i64), found a float tensor",
+                ));
             }
             let expected = vec![logits[0].clone()];
             if !u.same_shape(&expected, labels) {
@@ -319,13 +436,24 @@ pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shap
             need_rank(1, w, 4, "conv2d weight [O, C, KH, KW]")?;
             if !u.same(&x[1], &w[1]) {
                 let expected = vec![x[0].clone(), w[1].clone(), x[2].clone(), x[3].clone()];
-                return Err(ShapeError::mismatch(0, expected, x)
-                    .with_help(format!("the convolution expects {} input channels, the input has {}", w[1], x[1])));
+                return Err(ShapeError::mismatch(0, expected, x).with_help(format!(
+                    "the convolution expects {} input channels, the input has {}",
+                    w[1], x[1]
+                )));
             }
             let [oh, ow] = window_dims(d.name, x, [&w[2], &w[3]], *stride, *padding)?;
             f32_out(vec![x[0].clone(), w[0].clone(), oh, ow])
         }
-        Op::MaxPool2d { kernel, stride, padding } | Op::AvgPool2d { kernel, stride, padding } => {
+        Op::MaxPool2d {
+            kernel,
+            stride,
+            padding,
+        }
+        | Op::AvgPool2d {
+            kernel,
+            stride,
+            padding,
+        } => {
             let x = sh(0);
             need_rank(0, x, 4, &format!("{} input [N, C, H, W]", d.name))?;
             let k = [Dim::known(kernel[0]), Dim::known(kernel[1])];
@@ -335,7 +463,10 @@ pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shap
         Op::Embedding => {
             need_rank(0, sh(0), 2, "embedding table [V, D]")?;
             if args[1].1 != DType::I64 {
-                return Err(ShapeError::invalid(1, "embedding ids must be integer (i64), found a float tensor"));
+                return Err(ShapeError::invalid(
+                    1,
+                    "embedding ids must be integer (i64), found a float tensor",
+                ));
             }
             let mut out = sh(1).clone();
             out.push(sh(0)[1].clone());
@@ -343,7 +474,10 @@ pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shap
         }
         Op::DropoutMask { p } => {
             if !(0.0..1.0).contains(p) {
-                return Err(ShapeError::invalid(0, format!("dropout probability must be in [0, 1), found {p}")));
+                return Err(ShapeError::invalid(
+                    0,
+                    format!("dropout probability must be in [0, 1), found {p}"),
+                ));
             }
             f32_out(sh(0).clone())
         }
@@ -361,16 +495,27 @@ pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shap
                         to
                     ),
                 )
-                .with_help("the product of the new dimensions must equal the product of the old ones"));
+                .with_help(
+                    "the product of the new dimensions must equal the product of the old ones",
+                ));
             }
             Ok((shape.clone(), args[0].1))
         }
         Op::Permute { perm } => {
             let r = sh(0).len();
             let mut seen = vec![false; r];
-            let valid = perm.len() == r && perm.iter().all(|&p| p < r && !std::mem::replace(&mut seen[p], true));
+            let valid = perm.len() == r
+                && perm
+                    .iter()
+                    .all(|&p| p < r && !std::mem::replace(&mut seen[p], true));
             if !valid {
-                return Err(ShapeError::invalid(0, format!("permutation {perm:?} does not reorder the {r} axes of {}", fmt_shape(sh(0)))));
+                return Err(ShapeError::invalid(
+                    0,
+                    format!(
+                        "permutation {perm:?} does not reorder the {r} axes of {}",
+                        fmt_shape(sh(0))
+                    ),
+                ));
             }
             Ok((perm.iter().map(|&p| sh(0)[p].clone()).collect(), args[0].1))
         }
@@ -404,7 +549,10 @@ pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shap
                 if start + len > n {
                     return Err(ShapeError::invalid(
                         0,
-                        format!("narrow {start}..{} is out of range for dimension {axis} of size {n}", start + len),
+                        format!(
+                            "narrow {start}..{} is out of range for dimension {axis} of size {n}",
+                            start + len
+                        ),
                     ));
                 }
             }
@@ -423,9 +571,17 @@ pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shap
         // is the gradient of, so kernels (which trust these rules) never see a mismatch.
         Op::SumTo => {
             let (g, like) = (sh(0), sh(1));
-            let fits = like.len() <= g.len() && broadcast(like, g, u).is_ok_and(|b| u.same_shape(&b, g));
+            let fits =
+                like.len() <= g.len() && broadcast(like, g, u).is_ok_and(|b| u.same_shape(&b, g));
             if !fits {
-                return Err(ShapeError::invalid(1, format!("sum_to: {} does not broadcast to the gradient's shape {}", fmt_shape(like), fmt_shape(g))));
+                return Err(ShapeError::invalid(
+                    1,
+                    format!(
+                        "sum_to: {} does not broadcast to the gradient's shape {}",
+                        fmt_shape(like),
+                        fmt_shape(g)
+                    ),
+                ));
             }
             f32_out(like.clone())
         }
@@ -449,22 +605,64 @@ pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shap
             f32_out(sh(0).clone())
         }
         Op::Conv2dGradInput { stride, padding } => {
-            let out = forward_shape(&Op::Conv2d { stride: *stride, padding: *padding }, args, &[2, 1], u)?;
+            let out = forward_shape(
+                &Op::Conv2d {
+                    stride: *stride,
+                    padding: *padding,
+                },
+                args,
+                &[2, 1],
+                u,
+            )?;
             need_grad_shape(0, out, sh(0), d.name, u)?;
             f32_out(sh(2).clone())
         }
         Op::Conv2dGradWeight { stride, padding } => {
-            let out = forward_shape(&Op::Conv2d { stride: *stride, padding: *padding }, args, &[0, 2], u)?;
+            let out = forward_shape(
+                &Op::Conv2d {
+                    stride: *stride,
+                    padding: *padding,
+                },
+                args,
+                &[0, 2],
+                u,
+            )?;
             need_grad_shape(1, out, sh(1), d.name, u)?;
             f32_out(sh(2).clone())
         }
-        Op::MaxPool2dGrad { kernel, stride, padding } => {
-            let out = forward_shape(&Op::MaxPool2d { kernel: *kernel, stride: *stride, padding: *padding }, args, &[0], u)?;
+        Op::MaxPool2dGrad {
+            kernel,
+            stride,
+            padding,
+        } => {
+            let out = forward_shape(
+                &Op::MaxPool2d {
+                    kernel: *kernel,
+                    stride: *stride,
+                    padding: *padding,
+                },
+                args,
+                &[0],
+                u,
+            )?;
             need_grad_shape(1, out, sh(1), d.name, u)?;
             f32_out(sh(0).clone())
         }
-        Op::AvgPool2dGrad { kernel, stride, padding } => {
-            let out = forward_shape(&Op::AvgPool2d { kernel: *kernel, stride: *stride, padding: *padding }, args, &[0], u)?;
+        Op::AvgPool2dGrad {
+            kernel,
+            stride,
+            padding,
+        } => {
+            let out = forward_shape(
+                &Op::AvgPool2d {
+                    kernel: *kernel,
+                    stride: *stride,
+                    padding: *padding,
+                },
+                args,
+                &[0],
+                u,
+            )?;
             need_grad_shape(1, out, sh(1), d.name, u)?;
             f32_out(sh(0).clone())
         }
@@ -485,7 +683,10 @@ pub fn infer(op: &Op, args: &[(&Shape, DType)], u: &mut Unifier) -> Result<(Shap
                 if start + len > n {
                     return Err(ShapeError::invalid(
                         0,
-                        format!("pad_narrow {start}..{} is out of range for dimension {axis} of size {n}", start + len),
+                        format!(
+                            "pad_narrow {start}..{} is out of range for dimension {axis} of size {n}",
+                            start + len
+                        ),
                     ));
                 }
             }
@@ -515,14 +716,21 @@ mod tests {
 
     #[test]
     fn matmul_with_symbolic_batch() {
-        assert_eq!(run(Op::MatMul, &[s(&["B", "64"]), s(&["64", "10"])]).unwrap(), s(&["B", "10"]));
+        assert_eq!(
+            run(Op::MatMul, &[s(&["B", "64"]), s(&["64", "10"])]).unwrap(),
+            s(&["B", "10"])
+        );
     }
 
     #[test]
     fn matmul_inner_mismatch_names_both() {
         let e = run(Op::MatMul, &[s(&["B", "64"]), s(&["63", "10"])]).unwrap_err();
         assert_eq!(e.arg, 1);
-        assert!(e.detail().contains("expected [64, 10], found [63, 10]"), "{}", e.detail());
+        assert!(
+            e.detail().contains("expected [64, 10], found [63, 10]"),
+            "{}",
+            e.detail()
+        );
     }
 
     #[test]
@@ -541,19 +749,47 @@ mod tests {
 
     #[test]
     fn conv_output_below_one_is_an_error() {
-        let e = run(Op::Conv2d { stride: [1, 1], padding: [0, 0] }, &[s(&["B", "1", "2", "2"]), s(&["4", "1", "3", "3"])]);
+        let e = run(
+            Op::Conv2d {
+                stride: [1, 1],
+                padding: [0, 0],
+            },
+            &[s(&["B", "1", "2", "2"]), s(&["4", "1", "3", "3"])],
+        );
         assert!(e.unwrap_err().detail().contains("below 1"));
     }
 
     #[test]
     fn conv_output_size_follows_pytorch() {
-        let out = run(Op::Conv2d { stride: [2, 2], padding: [1, 1] }, &[s(&["B", "3", "9", "8"]), s(&["4", "3", "3", "3"])]);
+        let out = run(
+            Op::Conv2d {
+                stride: [2, 2],
+                padding: [1, 1],
+            },
+            &[s(&["B", "3", "9", "8"]), s(&["4", "3", "3", "3"])],
+        );
         assert_eq!(out.unwrap(), s(&["B", "4", "5", "4"]));
     }
 
     #[test]
     fn reshape_must_keep_element_count() {
-        assert!(run(Op::Reshape { shape: s(&["B", "65"]) }, &[s(&["B", "64"])]).is_err());
-        assert!(run(Op::Reshape { shape: s(&["B", "8", "8"]) }, &[s(&["B", "64"])]).is_ok());
+        assert!(
+            run(
+                Op::Reshape {
+                    shape: s(&["B", "65"])
+                },
+                &[s(&["B", "64"])]
+            )
+            .is_err()
+        );
+        assert!(
+            run(
+                Op::Reshape {
+                    shape: s(&["B", "8", "8"])
+                },
+                &[s(&["B", "64"])]
+            )
+            .is_ok()
+        );
     }
 }

@@ -15,6 +15,6 @@ pub mod reference;
 
 pub use autodiff::differentiate;
 pub use dim::{Atom, Dim};
-pub use graph::{GradOf, Graph, GraphFn, ModelIr, Node, NodeId, IR_VERSION};
-pub use infer::{broadcast, fmt_shape, infer, ShapeError, ShapeErrorKind, Unifier};
+pub use graph::{GradOf, Graph, GraphFn, IR_VERSION, ModelIr, Node, NodeId};
+pub use infer::{ShapeError, ShapeErrorKind, Unifier, broadcast, fmt_shape, infer};
 pub use op::{DType, Op, OpDef, OpKind, Shape};

@@ -24,11 +24,21 @@ pub enum DType {
 pub enum Op {
     // --- leaves --------------------------------------------------------------------------
     /// The `index`-th argument of the graph function.
-    Input { index: usize, name: String, shape: Shape, dtype: DType },
+    Input {
+        index: usize,
+        name: String,
+        shape: Shape,
+        dtype: DType,
+    },
     /// A model parameter by its dotted name (`fc1.weight`).
-    Param { name: String, shape: Shape },
+    Param {
+        name: String,
+        shape: Shape,
+    },
     /// A scalar constant (shape `[]`), broadcast by the op that uses it.
-    Const { value: f64 },
+    Const {
+        value: f64,
+    },
 
     // --- elementwise ---------------------------------------------------------------------
     Neg,
@@ -39,40 +49,78 @@ pub enum Op {
     Exp,
     Log,
     Sqrt,
-    PowScalar { exponent: f64 },
+    PowScalar {
+        exponent: f64,
+    },
     Add,
     Sub,
     Mul,
     Div,
 
     // --- reductions ----------------------------------------------------------------------
-    Sum { axes: Vec<usize>, keepdim: bool },
-    Mean { axes: Vec<usize>, keepdim: bool },
-    Max { axes: Vec<usize>, keepdim: bool },
+    Sum {
+        axes: Vec<usize>,
+        keepdim: bool,
+    },
+    Mean {
+        axes: Vec<usize>,
+        keepdim: bool,
+    },
+    Max {
+        axes: Vec<usize>,
+        keepdim: bool,
+    },
 
     // --- linear algebra, nn ----------------------------------------------------------------
     /// `[.., M, K] @ [.., K, N]`, batch dimensions broadcast.
     MatMul,
-    Softmax { axis: usize },
-    LogSoftmax { axis: usize },
+    Softmax {
+        axis: usize,
+    },
+    LogSoftmax {
+        axis: usize,
+    },
     /// `(logits [N, C], labels [N] i64) -> []`, mean over N.
     CrossEntropy,
     /// `(a, b) -> []`, mean of squared differences.
     Mse,
     /// `(x [N, C, H, W], w [O, C, KH, KW]) -> [N, O, OH, OW]`.
-    Conv2d { stride: [usize; 2], padding: [usize; 2] },
-    MaxPool2d { kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2] },
-    AvgPool2d { kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2] },
+    Conv2d {
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
+    MaxPool2d {
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
+    AvgPool2d {
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
     /// `(table [V, D], ids [..] i64) -> [.., D]`.
     Embedding,
     /// `(x) -> mask` of x's shape: 0 with probability p, else 1/(1-p); ones in eval mode.
-    DropoutMask { p: f64 },
+    DropoutMask {
+        p: f64,
+    },
 
     // --- layout ----------------------------------------------------------------------------
-    Reshape { shape: Shape },
-    Permute { perm: Vec<usize> },
-    Concat { axis: usize },
-    Narrow { axis: usize, start: usize, len: usize },
+    Reshape {
+        shape: Shape,
+    },
+    Permute {
+        perm: Vec<usize>,
+    },
+    Concat {
+        axis: usize,
+    },
+    Narrow {
+        axis: usize,
+        start: usize,
+        len: usize,
+    },
     /// `(x, like) -> x` broadcast to `like`'s shape.
     BroadcastTo,
 
@@ -84,25 +132,52 @@ pub enum Op {
     /// `(x, g) -> g * gelu'(x)`.
     GeluGrad,
     /// `(x_like, g) -> x-shaped`: g broadcast back over `axes` and divided by their count.
-    MeanGrad { axes: Vec<usize>, keepdim: bool },
+    MeanGrad {
+        axes: Vec<usize>,
+        keepdim: bool,
+    },
     /// `(x, g) -> x-shaped`, g routed to the first maximum of each group.
-    MaxGrad { axes: Vec<usize>, keepdim: bool },
+    MaxGrad {
+        axes: Vec<usize>,
+        keepdim: bool,
+    },
     /// `(y, g)` with y the softmax output.
-    SoftmaxGrad { axis: usize },
+    SoftmaxGrad {
+        axis: usize,
+    },
     /// `(y, g)` with y the log_softmax output.
-    LogSoftmaxGrad { axis: usize },
+    LogSoftmaxGrad {
+        axis: usize,
+    },
     /// `(logits, labels, g []) -> logits-shaped`.
     CrossEntropyGrad,
     /// `(g, w, x_like) -> x-shaped`.
-    Conv2dGradInput { stride: [usize; 2], padding: [usize; 2] },
+    Conv2dGradInput {
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
     /// `(x, g, w_like) -> w-shaped`.
-    Conv2dGradWeight { stride: [usize; 2], padding: [usize; 2] },
+    Conv2dGradWeight {
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
     /// `(x, g) -> x-shaped`.
-    MaxPool2dGrad { kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2] },
+    MaxPool2dGrad {
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
     /// `(x_like, g) -> x-shaped`.
-    AvgPool2dGrad { kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2] },
+    AvgPool2dGrad {
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    },
     /// `(g, full_like) -> full-shaped`, g placed at `start..` on `axis`, zeros elsewhere.
-    PadNarrow { axis: usize, start: usize },
+    PadNarrow {
+        axis: usize,
+        start: usize,
+    },
     /// `(g, ids, table_like) -> table-shaped`, rows of g added at ids.
     EmbeddingGrad,
 }
@@ -131,7 +206,12 @@ pub struct OpDef {
 }
 
 const fn def(name: &'static str, arity: usize, kind: OpKind, flops_per_element: f64) -> OpDef {
-    OpDef { name, arity, kind, flops_per_element }
+    OpDef {
+        name,
+        arity,
+        kind,
+        flops_per_element,
+    }
 }
 
 use OpKind::*;

@@ -31,19 +31,30 @@ impl Array {
     /// `eval` re-checks arrays built as struct literals and reports an `Err` instead.
     pub fn new(shape: Vec<usize>, data: Vec<f64>) -> Array {
         let n = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-        assert_eq!(n, Some(data.len()), "Array::new: shape {shape:?} does not hold {} elements", data.len());
+        assert_eq!(
+            n,
+            Some(data.len()),
+            "Array::new: shape {shape:?} does not hold {} elements",
+            data.len()
+        );
         Array { shape, data }
     }
 
     /// A rank-0 array.
     pub fn scalar(v: f64) -> Array {
-        Array { shape: vec![], data: vec![v] }
+        Array {
+            shape: vec![],
+            data: vec![v],
+        }
     }
 
     /// An array of zeros. The caller guarantees that the element count fits in memory.
     pub fn zeros(shape: Vec<usize>) -> Array {
         let n = shape.iter().product();
-        Array { shape, data: vec![0.0; n] }
+        Array {
+            shape,
+            data: vec![0.0; n],
+        }
     }
 
     /// The number of elements the shape describes (`usize::MAX` if that overflows, which no
@@ -59,7 +70,8 @@ pub struct RefCtx<'a> {
     pub env: &'a HashMap<String, i64>,
     /// Training mode: `DropoutMask` drops elements only when true.
     pub train: bool,
-    /// Seed of the dropout hash (see [`dropout_uniform`]).
+    /// Seed of the dropout hash (see [`dropout_uniform`]) for `eval`; `run` treats it as the
+    /// seed of a stream and gives each dropout node the next value, like `Ctx::train(seed)`.
     pub seed: u64,
 }
 
@@ -93,7 +105,11 @@ pub fn dropout_uniform(seed: u64, index: u64) -> f64 {
 
 /// One element of a training-mode dropout mask: `0` when dropped, `1 / (1 - p)` when kept.
 pub fn dropout_mask_value(seed: u64, index: u64, p: f64) -> f64 {
-    if dropout_uniform(seed, index) >= p { 1.0 / (1.0 - p) } else { 0.0 }
+    if dropout_uniform(seed, index) >= p {
+        1.0 / (1.0 - p)
+    } else {
+        0.0
+    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -111,7 +127,9 @@ const MAX_ELEMENTS: usize = isize::MAX as usize / std::mem::size_of::<f64>();
 fn numel(shape: &[usize]) -> R<usize> {
     shape
         .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d).filter(|&n| n <= MAX_ELEMENTS))
+        .try_fold(1usize, |acc, &d| {
+            acc.checked_mul(d).filter(|&n| n <= MAX_ELEMENTS)
+        })
         .ok_or_else(|| format!("shape {shape:?} has more elements than fit in memory"))
 }
 
@@ -134,7 +152,9 @@ fn ravel(idx: &[usize], shape: &[usize]) -> usize {
 /// size-1 axes pinned to 0.
 fn broadcast_source(idx: &[usize], src: &[usize]) -> usize {
     let offset = idx.len() - src.len();
-    src.iter().enumerate().fold(0, |acc, (k, &d)| acc * d + if d == 1 { 0 } else { idx[k + offset] })
+    src.iter().enumerate().fold(0, |acc, (k, &d)| {
+        acc * d + if d == 1 { 0 } else { idx[k + offset] }
+    })
 }
 
 /// NumPy broadcasting of two shapes.
@@ -142,8 +162,16 @@ fn broadcast_shape(a: &[usize], b: &[usize]) -> R<Vec<usize>> {
     let rank = a.len().max(b.len());
     let mut out = Vec::with_capacity(rank);
     for i in 0..rank {
-        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
-        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+        let da = if i + a.len() >= rank {
+            a[i + a.len() - rank]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= rank {
+            b[i + b.len() - rank]
+        } else {
+            1
+        };
         out.push(match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -157,26 +185,38 @@ fn broadcast_shape(a: &[usize], b: &[usize]) -> R<Vec<usize>> {
 /// Splits `shape` around `axis` into (outer, len, inner) so that element `(o, j, i)` lives at
 /// `(o * len + j) * inner + i`.
 fn split_at_axis(shape: &[usize], axis: usize) -> R<(usize, usize, usize)> {
-    Ok((numel(&shape[..axis])?, shape[axis], numel(&shape[axis + 1..])?))
+    Ok((
+        numel(&shape[..axis])?,
+        shape[axis],
+        numel(&shape[axis + 1..])?,
+    ))
 }
 
 fn need_rank(a: &Array, rank: usize, what: &str) -> R<()> {
     if a.shape.len() != rank {
-        return Err(format!("{what} needs a rank-{rank} array, found shape {:?}", a.shape));
+        return Err(format!(
+            "{what} needs a rank-{rank} array, found shape {:?}",
+            a.shape
+        ));
     }
     Ok(())
 }
 
 fn need_same_shape(a: &Array, b: &Array, what: &str) -> R<()> {
     if a.shape != b.shape {
-        return Err(format!("{what} needs two arrays of the same shape, found {:?} and {:?}", a.shape, b.shape));
+        return Err(format!(
+            "{what} needs two arrays of the same shape, found {:?} and {:?}",
+            a.shape, b.shape
+        ));
     }
     Ok(())
 }
 
 fn need_axis(axis: usize, rank: usize, what: &str) -> R<()> {
     if axis >= rank {
-        return Err(format!("{what} axis {axis} is out of range for an array of rank {rank}"));
+        return Err(format!(
+            "{what} axis {axis} is out of range for an array of rank {rank}"
+        ));
     }
     Ok(())
 }
@@ -184,7 +224,9 @@ fn need_axis(axis: usize, rank: usize, what: &str) -> R<()> {
 /// An integral value in `0..bound`, as an index (a class label or an embedding id).
 fn index_value(v: f64, bound: usize, what: &str, pos: usize) -> R<usize> {
     if !(v.is_finite() && v.fract() == 0.0 && v >= 0.0 && v < bound as f64) {
-        return Err(format!("{what} {v} at position {pos} is out of range: it must be an integer in 0..{bound}"));
+        return Err(format!(
+            "{what} {v} at position {pos} is out of range: it must be an integer in 0..{bound}"
+        ));
     }
     Ok(v as usize)
 }
@@ -194,7 +236,10 @@ fn index_value(v: f64, bound: usize, what: &str, pos: usize) -> R<usize> {
 // ------------------------------------------------------------------------------------------
 
 fn unary(x: &Array, f: impl Fn(f64) -> f64) -> Array {
-    Array { shape: x.shape.clone(), data: x.data.iter().map(|&v| f(v)).collect() }
+    Array {
+        shape: x.shape.clone(),
+        data: x.data.iter().map(|&v| f(v)).collect(),
+    }
 }
 
 /// `f(a, b)` with NumPy broadcasting.
@@ -205,7 +250,10 @@ fn binary(a: &Array, b: &Array, f: impl Fn(f64, f64) -> f64) -> R<Array> {
     let mut data = Vec::with_capacity(n);
     for flat in 0..n {
         unravel(flat, &shape, &mut idx);
-        data.push(f(a.data[broadcast_source(&idx, &a.shape)], b.data[broadcast_source(&idx, &b.shape)]));
+        data.push(f(
+            a.data[broadcast_source(&idx, &a.shape)],
+            b.data[broadcast_source(&idx, &b.shape)],
+        ));
     }
     Ok(Array { shape, data })
 }
@@ -213,7 +261,10 @@ fn binary(a: &Array, b: &Array, f: impl Fn(f64, f64) -> f64) -> R<Array> {
 /// `f(x, g)` for two arrays of one shape (the backward elementwise ops).
 fn zip_same(x: &Array, g: &Array, what: &str, f: impl Fn(f64, f64) -> f64) -> R<Array> {
     need_same_shape(x, g, what)?;
-    Ok(Array { shape: x.shape.clone(), data: x.data.iter().zip(&g.data).map(|(&a, &b)| f(a, b)).collect() })
+    Ok(Array {
+        shape: x.shape.clone(),
+        data: x.data.iter().zip(&g.data).map(|(&a, &b)| f(a, b)).collect(),
+    })
 }
 
 fn relu(x: f64) -> f64 {
@@ -267,24 +318,54 @@ impl Reduction {
             need_axis(a, shape.len(), what)?;
             reduced[a] = true;
         }
-        let kept: Vec<usize> = shape.iter().zip(&reduced).map(|(&d, &r)| if r { 1 } else { d }).collect();
-        let out = if keepdim { kept.clone() } else { shape.iter().zip(&reduced).filter(|(_, r)| !**r).map(|(&d, _)| d).collect() };
-        let reduced_dims: Vec<usize> = shape.iter().zip(&reduced).filter(|(_, r)| **r).map(|(&d, _)| d).collect();
+        let kept: Vec<usize> = shape
+            .iter()
+            .zip(&reduced)
+            .map(|(&d, &r)| if r { 1 } else { d })
+            .collect();
+        let out = if keepdim {
+            kept.clone()
+        } else {
+            shape
+                .iter()
+                .zip(&reduced)
+                .filter(|(_, r)| !**r)
+                .map(|(&d, _)| d)
+                .collect()
+        };
+        let reduced_dims: Vec<usize> = shape
+            .iter()
+            .zip(&reduced)
+            .filter(|(_, r)| **r)
+            .map(|(&d, _)| d)
+            .collect();
         let count = numel(&reduced_dims)?;
         let groups = numel(&kept)?;
-        Ok(Reduction { reduced, kept, out, count, groups })
+        Ok(Reduction {
+            reduced,
+            kept,
+            out,
+            count,
+            groups,
+        })
     }
 
     /// The group (flat position in the result) of input element `idx`. The result has the
     /// same flat layout with or without the kept size-1 axes.
     fn group(&self, idx: &[usize]) -> usize {
-        idx.iter().zip(&self.kept).zip(&self.reduced).fold(0, |acc, ((&i, &d), &r)| acc * d + if r { 0 } else { i })
+        idx.iter()
+            .zip(&self.kept)
+            .zip(&self.reduced)
+            .fold(0, |acc, ((&i, &d), &r)| acc * d + if r { 0 } else { i })
     }
 
     /// Checks that `g` has the shape of this reduction's result.
     fn check_grad(&self, g: &Array, what: &str) -> R<()> {
         if g.shape != self.out {
-            return Err(format!("{what}: the gradient should have the reduced shape {:?}, found {:?}", self.out, g.shape));
+            return Err(format!(
+                "{what}: the gradient should have the reduced shape {:?}, found {:?}",
+                self.out, g.shape
+            ));
         }
         Ok(())
     }
@@ -298,7 +379,10 @@ fn sum(x: &Array, axes: &[usize], keepdim: bool, what: &str) -> R<Array> {
         unravel(flat, &x.shape, &mut idx);
         data[red.group(&idx)] += v;
     }
-    Ok(Array { shape: red.out, data })
+    Ok(Array {
+        shape: red.out,
+        data,
+    })
 }
 
 /// True when `v` replaces `best` as the running maximum: strictly greater, so ties keep the
@@ -311,7 +395,10 @@ fn beats(v: f64, best: f64) -> bool {
 fn argmax_groups(x: &Array, red: &Reduction, what: &str) -> R<Vec<usize>> {
     let groups = red.groups;
     if red.count == 0 && groups > 0 {
-        return Err(format!("{what} over an empty dimension has no maximum (input shape {:?})", x.shape));
+        return Err(format!(
+            "{what} over an empty dimension has no maximum (input shape {:?})",
+            x.shape
+        ));
     }
     let mut best: Vec<Option<usize>> = vec![None; groups];
     let mut idx = vec![0; x.shape.len()];
@@ -335,12 +422,18 @@ fn argmax_groups(x: &Array, red: &Reduction, what: &str) -> R<Vec<usize>> {
 fn matmul(a: &Array, b: &Array) -> R<Array> {
     let (ra, rb) = (a.shape.len(), b.shape.len());
     if ra < 2 || rb < 2 {
-        return Err(format!("matmul needs operands of rank >= 2, found {:?} and {:?}", a.shape, b.shape));
+        return Err(format!(
+            "matmul needs operands of rank >= 2, found {:?} and {:?}",
+            a.shape, b.shape
+        ));
     }
     let (m, k) = (a.shape[ra - 2], a.shape[ra - 1]);
     let (k2, n) = (b.shape[rb - 2], b.shape[rb - 1]);
     if k != k2 {
-        return Err(format!("matmul inner dimensions differ: {:?} @ {:?} ({k} vs {k2})", a.shape, b.shape));
+        return Err(format!(
+            "matmul inner dimensions differ: {:?} @ {:?} ({k} vs {k2})",
+            a.shape, b.shape
+        ));
     }
     let (abatch, bbatch) = (&a.shape[..ra - 2], &b.shape[..rb - 2]);
     let batch = broadcast_shape(abatch, bbatch)?;
@@ -375,7 +468,9 @@ fn softmax(x: &Array, axis: usize, log: bool, what: &str) -> R<Array> {
     for o in 0..outer {
         for i in 0..inner {
             let at = |j: usize| (o * len + j) * inner + i;
-            let m = (0..len).map(|j| x.data[at(j)]).fold(f64::NEG_INFINITY, f64::max);
+            let m = (0..len)
+                .map(|j| x.data[at(j)])
+                .fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = (0..len).map(|j| (x.data[at(j)] - m).exp()).sum();
             for j in 0..len {
                 let s = x.data[at(j)] - m;
@@ -383,7 +478,10 @@ fn softmax(x: &Array, axis: usize, log: bool, what: &str) -> R<Array> {
             }
         }
     }
-    Ok(Array { shape: x.shape.clone(), data })
+    Ok(Array {
+        shape: x.shape.clone(),
+        data,
+    })
 }
 
 /// The backward of softmax (`log == false`: `y * (g - sum(g * y))`) or log-softmax
@@ -409,7 +507,10 @@ fn softmax_grad(y: &Array, g: &Array, axis: usize, log: bool, what: &str) -> R<A
             }
         }
     }
-    Ok(Array { shape: y.shape.clone(), data })
+    Ok(Array {
+        shape: y.shape.clone(),
+        data,
+    })
 }
 
 /// Checks `logits [N, C]` and `labels [N]` and returns N, C and the labels as indices.
@@ -417,9 +518,17 @@ fn cross_entropy_args(logits: &Array, labels: &Array) -> R<(usize, usize, Vec<us
     need_rank(logits, 2, "cross_entropy logits [N, C]")?;
     let (n, c) = (logits.shape[0], logits.shape[1]);
     if labels.shape != [n] {
-        return Err(format!("cross_entropy labels should have shape [{n}] (one per row of the logits), found {:?}", labels.shape));
+        return Err(format!(
+            "cross_entropy labels should have shape [{n}] (one per row of the logits), found {:?}",
+            labels.shape
+        ));
     }
-    let labels = labels.data.iter().enumerate().map(|(i, &v)| index_value(v, c, "cross_entropy label", i)).collect::<R<Vec<_>>>()?;
+    let labels = labels
+        .data
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| index_value(v, c, "cross_entropy label", i))
+        .collect::<R<Vec<_>>>()?;
     Ok((n, c, labels))
 }
 
@@ -435,7 +544,10 @@ fn cross_entropy(logits: &Array, labels: &Array) -> R<Array> {
 fn cross_entropy_grad(logits: &Array, labels: &Array, g: &Array) -> R<Array> {
     let (n, c, labels) = cross_entropy_args(logits, labels)?;
     if !g.shape.is_empty() {
-        return Err(format!("cross_entropy_grad needs a scalar output gradient, found shape {:?}", g.shape));
+        return Err(format!(
+            "cross_entropy_grad needs a scalar output gradient, found shape {:?}",
+            g.shape
+        ));
     }
     let sm = softmax(logits, 1, false, "cross_entropy_grad")?;
     let scale = g.data[0] / n as f64;
@@ -446,12 +558,20 @@ fn cross_entropy_grad(logits: &Array, labels: &Array, g: &Array) -> R<Array> {
             data[r * c + j] = (data[r * c + j] - onehot) * scale;
         }
     }
-    Ok(Array { shape: logits.shape.clone(), data })
+    Ok(Array {
+        shape: logits.shape.clone(),
+        data,
+    })
 }
 
 fn mse(a: &Array, b: &Array) -> R<Array> {
     need_same_shape(a, b, "mse")?;
-    let total: f64 = a.data.iter().zip(&b.data).map(|(x, y)| (x - y) * (x - y)).sum();
+    let total: f64 = a
+        .data
+        .iter()
+        .zip(&b.data)
+        .map(|(x, y)| (x - y) * (x - y))
+        .sum();
     Ok(Array::scalar(total / a.data.len() as f64))
 }
 
@@ -477,9 +597,17 @@ struct Window {
 }
 
 impl Window {
-    fn new(x_shape: &[usize], kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2], what: &str) -> R<Window> {
+    fn new(
+        x_shape: &[usize],
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        what: &str,
+    ) -> R<Window> {
         if x_shape.len() != 4 {
-            return Err(format!("{what} needs an input of rank 4 [N, C, H, W], found shape {x_shape:?}"));
+            return Err(format!(
+                "{what} needs an input of rank 4 [N, C, H, W], found shape {x_shape:?}"
+            ));
         }
         let mut out = [0; 2];
         for i in 0..2 {
@@ -497,7 +625,9 @@ impl Window {
             if padded < kernel[i] {
                 return Err(format!(
                     "{what} output {axis} would be below 1: input {axis} {} with padding {} is smaller than the kernel {}",
-                    x_shape[2 + i], padding[i], kernel[i]
+                    x_shape[2 + i],
+                    padding[i],
+                    kernel[i]
                 ));
             }
             out[i] = (padded - kernel[i]) / stride[i] + 1;
@@ -542,18 +672,30 @@ impl Window {
 }
 
 /// The geometry of a convolution of `x_shape` with weight `w [O, C, KH, KW]`.
-fn conv_window(x_shape: &[usize], w: &Array, stride: [usize; 2], padding: [usize; 2], what: &str) -> R<Window> {
+fn conv_window(
+    x_shape: &[usize],
+    w: &Array,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    what: &str,
+) -> R<Window> {
     need_rank(w, 4, &format!("{what} weight [O, C, KH, KW]"))?;
     let win = Window::new(x_shape, [w.shape[2], w.shape[3]], stride, padding, what)?;
     if w.shape[1] != win.c {
-        return Err(format!("{what}: the weight expects {} input channels, the input has {}", w.shape[1], win.c));
+        return Err(format!(
+            "{what}: the weight expects {} input channels, the input has {}",
+            w.shape[1], win.c
+        ));
     }
     Ok(win)
 }
 
 fn check_window_grad(g: &Array, expected: Vec<usize>, what: &str) -> R<()> {
     if g.shape != expected {
-        return Err(format!("{what}: the output gradient should have shape {expected:?}, found {:?}", g.shape));
+        return Err(format!(
+            "{what}: the output gradient should have shape {expected:?}, found {:?}",
+            g.shape
+        ));
     }
     Ok(())
 }
@@ -573,7 +715,8 @@ fn conv2d(x: &Array, w: &Array, stride: [usize; 2], padding: [usize; 2]) -> R<Ar
                         for ky in 0..win.kh {
                             for kx in 0..win.kw {
                                 if let Some((iy, ix)) = win.input_at(oy, ox, ky, kx) {
-                                    s += x.data[win.x_at(n, c, iy, ix)] * w.data[((o * win.c + c) * win.kh + ky) * win.kw + kx];
+                                    s += x.data[win.x_at(n, c, iy, ix)]
+                                        * w.data[((o * win.c + c) * win.kh + ky) * win.kw + kx];
                                 }
                             }
                         }
@@ -589,12 +732,27 @@ fn conv2d(x: &Array, w: &Array, stride: [usize; 2], padding: [usize; 2]) -> R<Ar
 /// The gradient of conv2d with respect to its input (`x_like` gives the input's shape) or its
 /// weight (`x` is then the input's value); both visit the same (output, kernel) pairs as
 /// `conv2d` and scatter instead of gather.
-fn conv2d_grad(x: &Array, w: &Array, g: &Array, stride: [usize; 2], padding: [usize; 2], wrt_input: bool) -> R<Array> {
-    let what = if wrt_input { "conv2d_grad_input" } else { "conv2d_grad_weight" };
+fn conv2d_grad(
+    x: &Array,
+    w: &Array,
+    g: &Array,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    wrt_input: bool,
+) -> R<Array> {
+    let what = if wrt_input {
+        "conv2d_grad_input"
+    } else {
+        "conv2d_grad_weight"
+    };
     let win = conv_window(&x.shape, w, stride, padding, what)?;
     let o_ch = w.shape[0];
     check_window_grad(g, win.out_shape(o_ch), what)?;
-    let mut out = if wrt_input { Array::zeros(x.shape.clone()) } else { Array::zeros(w.shape.clone()) };
+    let mut out = if wrt_input {
+        Array::zeros(x.shape.clone())
+    } else {
+        Array::zeros(w.shape.clone())
+    };
     for n in 0..win.n {
         for o in 0..o_ch {
             for oy in 0..win.oh {
@@ -648,7 +806,8 @@ fn max_pool2d(x: &Array, kernel: [usize; 2], stride: [usize; 2], padding: [usize
         for c in 0..win.c {
             for oy in 0..win.oh {
                 for ox in 0..win.ow {
-                    data[win.out_at(n, c, win.c, oy, ox)] = match pool_argmax(x, &win, n, c, oy, ox) {
+                    data[win.out_at(n, c, win.c, oy, ox)] = match pool_argmax(x, &win, n, c, oy, ox)
+                    {
                         Some(i) => x.data[i],
                         None => f64::NEG_INFINITY,
                     };
@@ -660,7 +819,13 @@ fn max_pool2d(x: &Array, kernel: [usize; 2], stride: [usize; 2], padding: [usize
 }
 
 /// Each window's gradient goes to its first maximum; overlapping windows accumulate.
-fn max_pool2d_grad(x: &Array, g: &Array, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> R<Array> {
+fn max_pool2d_grad(
+    x: &Array,
+    g: &Array,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> R<Array> {
     let win = Window::new(&x.shape, kernel, stride, padding, "max_pool2d_grad")?;
     check_window_grad(g, win.out_shape(win.c), "max_pool2d_grad")?;
     let mut out = Array::zeros(x.shape.clone());
@@ -705,7 +870,13 @@ fn avg_pool2d(x: &Array, kernel: [usize; 2], stride: [usize; 2], padding: [usize
     Ok(Array { shape, data })
 }
 
-fn avg_pool2d_grad(x_like: &Array, g: &Array, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> R<Array> {
+fn avg_pool2d_grad(
+    x_like: &Array,
+    g: &Array,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> R<Array> {
     let win = Window::new(&x_like.shape, kernel, stride, padding, "avg_pool2d_grad")?;
     check_window_grad(g, win.out_shape(win.c), "avg_pool2d_grad")?;
     let count = (win.kh * win.kw) as f64;
@@ -736,10 +907,17 @@ fn avg_pool2d_grad(x_like: &Array, g: &Array, kernel: [usize; 2], stride: [usize
 /// The ids as row indices of a `[V, D]` table; returns (V, D, ids).
 fn embedding_args(table_shape: &[usize], ids: &Array, what: &str) -> R<(usize, usize, Vec<usize>)> {
     if table_shape.len() != 2 {
-        return Err(format!("{what} needs a rank-2 table [V, D], found shape {table_shape:?}"));
+        return Err(format!(
+            "{what} needs a rank-2 table [V, D], found shape {table_shape:?}"
+        ));
     }
     let (v, d) = (table_shape[0], table_shape[1]);
-    let ids = ids.data.iter().enumerate().map(|(i, &x)| index_value(x, v, &format!("{what} id"), i)).collect::<R<Vec<_>>>()?;
+    let ids = ids
+        .data
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| index_value(x, v, &format!("{what} id"), i))
+        .collect::<R<Vec<_>>>()?;
     Ok((v, d, ids))
 }
 
@@ -761,7 +939,10 @@ fn embedding_grad(g: &Array, ids: &Array, table_like: &Array) -> R<Array> {
     let mut expected = ids.shape.clone();
     expected.push(d);
     if g.shape != expected {
-        return Err(format!("embedding_grad: the output gradient should have shape {expected:?}, found {:?}", g.shape));
+        return Err(format!(
+            "embedding_grad: the output gradient should have shape {expected:?}, found {:?}",
+            g.shape
+        ));
     }
     let mut out = Array::zeros(table_like.shape.clone());
     for (i, &r) in rows.iter().enumerate() {
@@ -779,22 +960,39 @@ fn embedding_grad(g: &Array, ids: &Array, table_like: &Array) -> R<Array> {
 fn reshape(x: &Array, target: &[Dim], env: &HashMap<String, i64>) -> R<Array> {
     let mut shape = Vec::with_capacity(target.len());
     for d in target {
-        let v = d.eval(env).ok_or_else(|| format!("reshape target dimension `{d}` mentions a symbol or parameter with no value"))?;
-        let v = usize::try_from(v).map_err(|_| format!("reshape target dimension `{d}` evaluates to {v}, which is negative"))?;
+        let v = d.eval(env).ok_or_else(|| {
+            format!("reshape target dimension `{d}` mentions a symbol or parameter with no value")
+        })?;
+        let v = usize::try_from(v).map_err(|_| {
+            format!("reshape target dimension `{d}` evaluates to {v}, which is negative")
+        })?;
         shape.push(v);
     }
     if numel(&shape)? != x.data.len() {
-        return Err(format!("reshape from {:?} to {shape:?} changes the number of elements", x.shape));
+        return Err(format!(
+            "reshape from {:?} to {shape:?} changes the number of elements",
+            x.shape
+        ));
     }
-    Ok(Array { shape, data: x.data.clone() })
+    Ok(Array {
+        shape,
+        data: x.data.clone(),
+    })
 }
 
 /// `out[i_0, .., i_r] = x[j]` where `j[perm[k]] = i_k`: output axis k is input axis perm[k].
 fn permute(x: &Array, perm: &[usize]) -> R<Array> {
     let r = x.shape.len();
     let mut seen = vec![false; r];
-    if perm.len() != r || !perm.iter().all(|&p| p < r && !std::mem::replace(&mut seen[p], true)) {
-        return Err(format!("permutation {perm:?} does not reorder the {r} axes of {:?}", x.shape));
+    if perm.len() != r
+        || !perm
+            .iter()
+            .all(|&p| p < r && !std::mem::replace(&mut seen[p], true))
+    {
+        return Err(format!(
+            "permutation {perm:?} does not reorder the {r} axes of {:?}",
+            x.shape
+        ));
     }
     let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
     let mut out_idx = vec![0; r];
@@ -815,14 +1013,21 @@ fn concat(parts: &[&Array], axis: usize) -> R<Array> {
     need_axis(axis, first.shape.len(), "concat")?;
     let mut total = 0usize;
     for (i, p) in parts.iter().enumerate() {
-        let agrees = p.shape.len() == first.shape.len() && p.shape.iter().zip(&first.shape).enumerate().all(|(k, (a, b))| k == axis || a == b);
+        let agrees = p.shape.len() == first.shape.len()
+            && p.shape
+                .iter()
+                .zip(&first.shape)
+                .enumerate()
+                .all(|(k, (a, b))| k == axis || a == b);
         if !agrees {
             return Err(format!(
                 "concat argument {i} has shape {:?}, which differs from {:?} outside the concat axis {axis}",
                 p.shape, first.shape
             ));
         }
-        total = total.checked_add(p.shape[axis]).ok_or("concat result is too large")?;
+        total = total
+            .checked_add(p.shape[axis])
+            .ok_or("concat result is too large")?;
     }
     let mut shape = first.shape.clone();
     shape[axis] = total;
@@ -841,7 +1046,9 @@ fn narrow(x: &Array, axis: usize, start: usize, len: usize) -> R<Array> {
     need_axis(axis, x.shape.len(), "narrow")?;
     let (outer, n, inner) = split_at_axis(&x.shape, axis)?;
     if start.checked_add(len).is_none_or(|end| end > n) {
-        return Err(format!("narrow {start}..{start}+{len} is out of range for dimension {axis} of size {n}"));
+        return Err(format!(
+            "narrow {start}..{start}+{len} is out of range for dimension {axis} of size {n}"
+        ));
     }
     let mut shape = x.shape.clone();
     shape[axis] = len;
@@ -858,7 +1065,11 @@ fn pad_narrow(g: &Array, full_like: &Array, axis: usize, start: usize) -> R<Arra
     need_axis(axis, full_like.shape.len(), "pad_narrow")?;
     let (outer, n, inner) = split_at_axis(&full_like.shape, axis)?;
     let fits = g.shape.len() == full_like.shape.len()
-        && g.shape.iter().zip(&full_like.shape).enumerate().all(|(k, (a, b))| k == axis || a == b)
+        && g.shape
+            .iter()
+            .zip(&full_like.shape)
+            .enumerate()
+            .all(|(k, (a, b))| k == axis || a == b)
         && start.checked_add(g.shape[axis]).is_some_and(|end| end <= n);
     if !fits {
         return Err(format!(
@@ -869,7 +1080,8 @@ fn pad_narrow(g: &Array, full_like: &Array, axis: usize, start: usize) -> R<Arra
     let len = g.shape[axis];
     let mut out = Array::zeros(full_like.shape.clone());
     for o in 0..outer {
-        out.data[(o * n + start) * inner..(o * n + start + len) * inner].copy_from_slice(&g.data[o * len * inner..(o + 1) * len * inner]);
+        out.data[(o * n + start) * inner..(o * n + start + len) * inner]
+            .copy_from_slice(&g.data[o * len * inner..(o + 1) * len * inner]);
     }
     Ok(out)
 }
@@ -877,7 +1089,10 @@ fn pad_narrow(g: &Array, full_like: &Array, axis: usize, start: usize) -> R<Arra
 fn broadcast_to(x: &Array, like: &Array) -> R<Array> {
     let shape = broadcast_shape(&x.shape, &like.shape)?;
     if shape != like.shape {
-        return Err(format!("broadcast_to cannot broadcast {:?} to {:?}", x.shape, like.shape));
+        return Err(format!(
+            "broadcast_to cannot broadcast {:?} to {:?}",
+            x.shape, like.shape
+        ));
     }
     binary(x, like, |a, _| a)
 }
@@ -885,7 +1100,10 @@ fn broadcast_to(x: &Array, like: &Array) -> R<Array> {
 /// `g` summed over the axes that broadcasting `like` up to `g`'s shape would repeat.
 fn sum_to(g: &Array, like: &Array) -> R<Array> {
     if broadcast_shape(&like.shape, &g.shape).ok().as_deref() != Some(&g.shape[..]) {
-        return Err(format!("sum_to cannot sum {:?} down to {:?}: the latter does not broadcast to the former", g.shape, like.shape));
+        return Err(format!(
+            "sum_to cannot sum {:?} down to {:?}: the latter does not broadcast to the former",
+            g.shape, like.shape
+        ));
     }
     let mut out = Array::zeros(like.shape.clone());
     let mut idx = vec![0; g.shape.len()];
@@ -909,16 +1127,28 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
             return Err(format!("{} needs at least one argument", def.name));
         }
     } else if args.len() != def.arity {
-        return Err(format!("{} takes {} argument(s), found {}", def.name, def.arity, args.len()));
+        return Err(format!(
+            "{} takes {} argument(s), found {}",
+            def.name,
+            def.arity,
+            args.len()
+        ));
     }
     for (i, a) in args.iter().enumerate() {
         if numel(&a.shape)? != a.data.len() {
-            return Err(format!("{} argument {i}: shape {:?} does not match its {} elements", def.name, a.shape, a.data.len()));
+            return Err(format!(
+                "{} argument {i}: shape {:?} does not match its {} elements",
+                def.name,
+                a.shape,
+                a.data.len()
+            ));
         }
     }
     let x = |i: usize| args[i];
     match op {
-        Op::Input { .. } | Op::Param { .. } => Err(format!("{} is a leaf; `run` supplies its value", def.name)),
+        Op::Input { .. } | Op::Param { .. } => {
+            Err(format!("{} is a leaf; `run` supplies its value", def.name))
+        }
         Op::Const { value } => Ok(Array::scalar(*value)),
 
         Op::Neg => Ok(unary(x(0), |v| -v)),
@@ -944,7 +1174,10 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         Op::Max { axes, keepdim } => {
             let red = Reduction::new(&x(0).shape, axes, *keepdim, "max")?;
             let best = argmax_groups(x(0), &red, "max")?;
-            Ok(Array { shape: red.out, data: best.iter().map(|&i| x(0).data[i]).collect() })
+            Ok(Array {
+                shape: red.out,
+                data: best.iter().map(|&i| x(0).data[i]).collect(),
+            })
         }
 
         Op::MatMul => matmul(x(0), x(1)),
@@ -953,8 +1186,16 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         Op::CrossEntropy => cross_entropy(x(0), x(1)),
         Op::Mse => mse(x(0), x(1)),
         Op::Conv2d { stride, padding } => conv2d(x(0), x(1), *stride, *padding),
-        Op::MaxPool2d { kernel, stride, padding } => max_pool2d(x(0), *kernel, *stride, *padding),
-        Op::AvgPool2d { kernel, stride, padding } => avg_pool2d(x(0), *kernel, *stride, *padding),
+        Op::MaxPool2d {
+            kernel,
+            stride,
+            padding,
+        } => max_pool2d(x(0), *kernel, *stride, *padding),
+        Op::AvgPool2d {
+            kernel,
+            stride,
+            padding,
+        } => avg_pool2d(x(0), *kernel, *stride, *padding),
         Op::Embedding => embedding(x(0), x(1)),
         Op::DropoutMask { p } => {
             if !(0.0..1.0).contains(p) {
@@ -963,8 +1204,13 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
             if !ctx.train {
                 return Ok(unary(x(0), |_| 1.0));
             }
-            let data = (0..x(0).data.len()).map(|i| dropout_mask_value(ctx.seed, i as u64, *p)).collect();
-            Ok(Array { shape: x(0).shape.clone(), data })
+            let data = (0..x(0).data.len())
+                .map(|i| dropout_mask_value(ctx.seed, i as u64, *p))
+                .collect();
+            Ok(Array {
+                shape: x(0).shape.clone(),
+                data,
+            })
         }
 
         Op::Reshape { shape } => reshape(x(0), shape, ctx.env),
@@ -974,7 +1220,12 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         Op::BroadcastTo => broadcast_to(x(0), x(1)),
 
         Op::SumTo => sum_to(x(0), x(1)),
-        Op::ReluGrad => zip_same(x(0), x(1), "relu_grad", |v, g| if v > 0.0 { g } else { 0.0 }),
+        Op::ReluGrad => zip_same(
+            x(0),
+            x(1),
+            "relu_grad",
+            |v, g| if v > 0.0 { g } else { 0.0 },
+        ),
         Op::GeluGrad => zip_same(x(0), x(1), "gelu_grad", |v, g| g * gelu_grad(v)),
         Op::MeanGrad { axes, keepdim } => {
             let red = Reduction::new(&x(0).shape, axes, *keepdim, "mean_grad")?;
@@ -1000,12 +1251,38 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         Op::SoftmaxGrad { axis } => softmax_grad(x(0), x(1), *axis, false, "softmax_grad"),
         Op::LogSoftmaxGrad { axis } => softmax_grad(x(0), x(1), *axis, true, "log_softmax_grad"),
         Op::CrossEntropyGrad => cross_entropy_grad(x(0), x(1), x(2)),
-        Op::Conv2dGradInput { stride, padding } => conv2d_grad(x(2), x(1), x(0), *stride, *padding, true),
-        Op::Conv2dGradWeight { stride, padding } => conv2d_grad(x(0), x(2), x(1), *stride, *padding, false),
-        Op::MaxPool2dGrad { kernel, stride, padding } => max_pool2d_grad(x(0), x(1), *kernel, *stride, *padding),
-        Op::AvgPool2dGrad { kernel, stride, padding } => avg_pool2d_grad(x(0), x(1), *kernel, *stride, *padding),
+        Op::Conv2dGradInput { stride, padding } => {
+            conv2d_grad(x(2), x(1), x(0), *stride, *padding, true)
+        }
+        Op::Conv2dGradWeight { stride, padding } => {
+            conv2d_grad(x(0), x(2), x(1), *stride, *padding, false)
+        }
+        Op::MaxPool2dGrad {
+            kernel,
+            stride,
+            padding,
+        } => max_pool2d_grad(x(0), x(1), *kernel, *stride, *padding),
+        Op::AvgPool2dGrad {
+            kernel,
+            stride,
+            padding,
+        } => avg_pool2d_grad(x(0), x(1), *kernel, *stride, *padding),
         Op::PadNarrow { axis, start } => pad_narrow(x(0), x(1), *axis, *start),
         Op::EmbeddingGrad => embedding_grad(x(0), x(1), x(2)),
+    }
+}
+
+/// The stream of dropout seeds of one graph call: splitmix64, the generator behind
+/// `rtx_core::Rng`, so `run` with seed `s` draws the masks of `Ctx::train(s)`.
+struct SeedStream(u64);
+
+impl SeedStream {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
 }
 
@@ -1017,38 +1294,69 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
 /// a graph is entered. Every value, leaf or computed, is then checked against its node's
 /// declared shape wherever that shape can be evaluated, so a shape rule that disagrees with
 /// the reference is reported rather than silently trusted.
-pub fn run(graph: &Graph, inputs: &[Array], params: &dyn Fn(&str) -> Option<Array>, ctx: &RefCtx) -> Result<Vec<Array>, String> {
+pub fn run(
+    graph: &Graph,
+    inputs: &[Array],
+    params: &dyn Fn(&str) -> Option<Array>,
+    ctx: &RefCtx,
+) -> Result<Vec<Array>, String> {
     let mut env = ctx.env.clone();
     let mut values: Vec<Array> = Vec::with_capacity(graph.len());
+    let mut seeds = SeedStream(ctx.seed);
     for (id, node) in graph.nodes.iter().enumerate() {
         let is_leaf = matches!(node.op, Op::Input { .. } | Op::Param { .. });
         let value = match &node.op {
-            Op::Input { index, name, .. } => inputs
-                .get(*index)
-                .cloned()
-                .ok_or_else(|| format!("node %{id}: input {index} `{name}` was not supplied ({} inputs given)", inputs.len()))?,
-            Op::Param { name, .. } => params(name).ok_or_else(|| format!("node %{id}: no value for parameter `{name}`"))?,
+            Op::Input { index, name, .. } => inputs.get(*index).cloned().ok_or_else(|| {
+                format!(
+                    "node %{id}: input {index} `{name}` was not supplied ({} inputs given)",
+                    inputs.len()
+                )
+            })?,
+            Op::Param { name, .. } => params(name)
+                .ok_or_else(|| format!("node %{id}: no value for parameter `{name}`"))?,
             op => {
                 let mut args = Vec::with_capacity(node.args.len());
                 for &a in &node.args {
                     if a >= id {
-                        return Err(format!("node %{id} ({}) uses %{a}, which is not computed before it", op.name()));
+                        return Err(format!(
+                            "node %{id} ({}) uses %{a}, which is not computed before it",
+                            op.name()
+                        ));
                     }
                     args.push(&values[a]);
                 }
-                let local = RefCtx { env: &env, train: ctx.train, seed: ctx.seed };
+                // Each dropout node draws its own seed, in node order, as the runtime's
+                // `Ctx::next_seed` does, so a train-mode graph is reproducible here.
+                let seed = if matches!(op, Op::DropoutMask { .. }) && ctx.train {
+                    seeds.next()
+                } else {
+                    ctx.seed
+                };
+                let local = RefCtx {
+                    env: &env,
+                    train: ctx.train,
+                    seed,
+                };
                 eval(op, &args, &local).map_err(|e| format!("node %{id} ({}): {e}", op.name()))?
             }
         };
         if is_leaf {
             if numel(&value.shape)? != value.data.len() {
-                return Err(format!("node %{id}: shape {:?} does not match its {} elements", value.shape, value.data.len()));
+                return Err(format!(
+                    "node %{id}: shape {:?} does not match its {} elements",
+                    value.shape,
+                    value.data.len()
+                ));
             }
             if node.shape.len() == value.shape.len() {
                 bind_symbols(&node.shape, &value.shape, &mut env);
             }
-            if node.dtype == DType::I64 && !value.data.iter().all(|v| v.is_finite() && v.fract() == 0.0) {
-                return Err(format!("node %{id}: an integer tensor holds a value that is not an integer"));
+            if node.dtype == DType::I64
+                && !value.data.iter().all(|v| v.is_finite() && v.fract() == 0.0)
+            {
+                return Err(format!(
+                    "node %{id}: an integer tensor holds a value that is not an integer"
+                ));
             }
         }
         check_declared_shape(&node.shape, &value.shape, &env)
@@ -1073,9 +1381,15 @@ fn bind_symbols(declared: &[Dim], actual: &[usize], env: &mut HashMap<String, i6
 /// evaluated (an unbound symbol) are not checked.
 fn check_declared_shape(declared: &[Dim], actual: &[usize], env: &HashMap<String, i64>) -> R<()> {
     let fits = declared.len() == actual.len()
-        && declared.iter().zip(actual).all(|(d, &n)| d.eval(env).is_none_or(|v| i64::try_from(n) == Ok(v)));
+        && declared
+            .iter()
+            .zip(actual)
+            .all(|(d, &n)| d.eval(env).is_none_or(|v| i64::try_from(n) == Ok(v)));
     if !fits {
-        return Err(format!("the shape rule gives {} but the value has shape {actual:?}", crate::infer::fmt_shape(declared)));
+        return Err(format!(
+            "the shape rule gives {} but the value has shape {actual:?}",
+            crate::infer::fmt_shape(declared)
+        ));
     }
     Ok(())
 }

@@ -8,7 +8,7 @@
 //! `(loss(x + eps) - loss(x - eps)) / 2 eps`, element by element.
 
 use rtx_ir::reference::{self, Array, RefCtx};
-use rtx_ir::{differentiate, DType, Dim, Graph, NodeId, Op, Unifier};
+use rtx_ir::{DType, Dim, Graph, NodeId, Op, Unifier, differentiate};
 use std::collections::HashMap;
 
 /// Finite-difference step: small enough that the truncation error (eps^2 * f''') is ~1e-12,
@@ -54,19 +54,35 @@ struct Case {
 
 impl Case {
     fn new(seed: u64) -> Case {
-        Case { graph: Graph::default(), u: Unifier::default(), inputs: Vec::new(), params: Vec::new(), rng: Rng(seed) }
+        Case {
+            graph: Graph::default(),
+            u: Unifier::default(),
+            inputs: Vec::new(),
+            params: Vec::new(),
+            rng: Rng(seed),
+        }
     }
 
     fn op(&mut self, op: Op, args: &[NodeId]) -> NodeId {
         let name = op.name();
-        self.graph.push(op, args, &mut self.u).unwrap_or_else(|e| panic!("the shape rule rejected {name}: {e}"))
+        self.graph
+            .push(op, args, &mut self.u)
+            .unwrap_or_else(|e| panic!("the shape rule rejected {name}: {e}"))
     }
 
     /// An input declared with `shape` (possibly symbolic) holding `value`.
     fn input_declared(&mut self, shape: Vec<Dim>, value: Array, dtype: DType) -> NodeId {
         let index = self.inputs.len();
         self.inputs.push(value);
-        self.op(Op::Input { index, name: format!("x{index}"), shape, dtype }, &[])
+        self.op(
+            Op::Input {
+                index,
+                name: format!("x{index}"),
+                shape,
+                dtype,
+            },
+            &[],
+        )
     }
 
     fn input(&mut self, value: Array) -> NodeId {
@@ -77,7 +93,13 @@ impl Case {
     fn param(&mut self, name: &str, value: Array) -> NodeId {
         let shape = known(&value.shape);
         self.params.push((name.to_string(), value));
-        self.op(Op::Param { name: name.to_string(), shape }, &[])
+        self.op(
+            Op::Param {
+                name: name.to_string(),
+                shape,
+            },
+            &[],
+        )
     }
 
     fn random_values(&mut self, shape: &[usize]) -> Array {
@@ -109,7 +131,9 @@ impl Case {
     /// unique winner with a margin far above EPS, so the max stays put under perturbation.
     fn distinct(&mut self, shape: &[usize]) -> NodeId {
         let n: usize = shape.iter().product();
-        let mut data: Vec<f64> = (0..n).map(|i| (i as f64 - n as f64 / 2.0 + 0.5) * 0.05).collect();
+        let mut data: Vec<f64> = (0..n)
+            .map(|i| (i as f64 - n as f64 / 2.0 + 0.5) * 0.05)
+            .collect();
         for i in (1..n).rev() {
             let j = self.rng.below(i + 1);
             data.swap(i, j);
@@ -123,11 +147,27 @@ impl Case {
         self.input_declared(known(shape), a, DType::I64)
     }
 
-    fn run(&self, graph: &Graph, inputs: &[Array], params: &[(String, Array)], train: bool) -> Vec<Array> {
+    fn run(
+        &self,
+        graph: &Graph,
+        inputs: &[Array],
+        params: &[(String, Array)],
+        train: bool,
+    ) -> Vec<Array> {
         let env = HashMap::new();
-        let ctx = RefCtx { env: &env, train, seed: 42 };
-        let lookup = |name: &str| params.iter().find(|(n, _)| n == name).map(|(_, a)| a.clone());
-        reference::run(graph, inputs, &lookup, &ctx).unwrap_or_else(|e| panic!("reference run failed: {e}\n{graph:#?}"))
+        let ctx = RefCtx {
+            env: &env,
+            train,
+            seed: 42,
+        };
+        let lookup = |name: &str| {
+            params
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, a)| a.clone())
+        };
+        reference::run(graph, inputs, &lookup, &ctx)
+            .unwrap_or_else(|e| panic!("reference run failed: {e}\n{graph:#?}"))
     }
 }
 
@@ -154,27 +194,50 @@ fn check_grads_in(train: bool, build: impl FnOnce(&mut Case) -> NodeId) {
     let declared = case.graph.node(out).shape.clone();
     let r = case.input_declared(declared.clone(), weights, DType::F32);
     let weighted = case.op(Op::Mul, &[out, r]);
-    let loss = case.op(Op::Sum { axes: (0..declared.len()).collect(), keepdim: false }, &[weighted]);
+    let loss = case.op(
+        Op::Sum {
+            axes: (0..declared.len()).collect(),
+            keepdim: false,
+        },
+        &[weighted],
+    );
 
-    let forward = Graph { nodes: case.graph.nodes.clone() };
-    let grads = differentiate(&mut case.graph, loss).unwrap_or_else(|e| panic!("differentiate failed: {e}"));
+    let forward = Graph {
+        nodes: case.graph.nodes.clone(),
+    };
+    let grads = differentiate(&mut case.graph, loss)
+        .unwrap_or_else(|e| panic!("differentiate failed: {e}"));
     let values = case.run(&case.graph, &case.inputs, &case.params, train);
-    let loss_at = |inputs: &[Array], params: &[(String, Array)]| case.run(&forward, inputs, params, train)[loss].data[0];
+    let loss_at = |inputs: &[Array], params: &[(String, Array)]| {
+        case.run(&forward, inputs, params, train)[loss].data[0]
+    };
     let base = values[loss].data[0];
-    assert_eq!(loss_at(&case.inputs, &case.params), base, "the forward part alone must reproduce the loss");
+    assert_eq!(
+        loss_at(&case.inputs, &case.params),
+        base,
+        "the forward part alone must reproduce the loss"
+    );
 
     let float_leaves = forward
         .nodes
         .iter()
         .filter(|n| matches!(n.op, Op::Input { .. } | Op::Param { .. }) && n.dtype == DType::F32)
         .count();
-    assert_eq!(grads.len(), float_leaves, "differentiate must report a gradient for every float leaf");
+    assert_eq!(
+        grads.len(),
+        float_leaves,
+        "differentiate must report a gradient for every float leaf"
+    );
 
     for gof in &grads {
         let (leaf, value) = match &forward.node(gof.leaf).op {
             Op::Input { index, .. } => (Leaf::Input(*index), &case.inputs[*index]),
             Op::Param { name, .. } => {
-                let i = case.params.iter().position(|(n, _)| n == name).expect("param value");
+                let i = case
+                    .params
+                    .iter()
+                    .position(|(n, _)| n == name)
+                    .expect("param value");
                 (Leaf::Param(i), &case.params[i].1)
             }
             other => panic!("gradient reported for a non-leaf {other:?}"),
@@ -184,7 +247,10 @@ fn check_grads_in(train: bool, build: impl FnOnce(&mut Case) -> NodeId) {
             Some(g) => values[g].clone(),
             None => Array::new(value.shape.clone(), vec![0.0; value.data.len()]),
         };
-        assert_eq!(analytic.shape, value.shape, "gradient of {leaf:?} has the wrong shape");
+        assert_eq!(
+            analytic.shape, value.shape,
+            "gradient of {leaf:?} has the wrong shape"
+        );
         for j in 0..value.data.len() {
             let at = |delta: f64| {
                 let (mut inputs, mut params) = (case.inputs.clone(), case.params.clone());
@@ -214,7 +280,12 @@ fn listing(graph: &Graph, forward_len: usize) -> String {
         if i == forward_len {
             s += "  -- backward --\n";
         }
-        s += &format!("  %{i} = {}{:?} {:?}\n", n.op.name(), n.args, rtx_ir::fmt_shape(&n.shape));
+        s += &format!(
+            "  %{i} = {}{:?} {:?}\n",
+            n.op.name(),
+            n.args,
+            rtx_ir::fmt_shape(&n.shape)
+        );
     }
     s
 }
@@ -223,7 +294,11 @@ fn listing(graph: &Graph, forward_len: usize) -> String {
 
 fn unary_case(op: Op, positive: bool) {
     check_grads(|c| {
-        let x = if positive { c.positive(&[3, 4]) } else { c.random(&[3, 4]) };
+        let x = if positive {
+            c.positive(&[3, 4])
+        } else {
+            c.random(&[3, 4])
+        };
         c.op(op, &[x])
     })
 }
@@ -288,10 +363,18 @@ fn pow_cube_gradient_matches_finite_differences() {
 /// `op(a, b)`; with `broadcast` both operands are repeated: a [2, 1, 4] against b [3, 1].
 fn binary_case(op: Op, broadcast: bool) {
     check_grads(|c| {
-        let (sa, sb): (&[usize], &[usize]) = if broadcast { (&[2, 1, 4], &[3, 1]) } else { (&[2, 3], &[2, 3]) };
+        let (sa, sb): (&[usize], &[usize]) = if broadcast {
+            (&[2, 1, 4], &[3, 1])
+        } else {
+            (&[2, 3], &[2, 3])
+        };
         let a = c.random(sa);
         // A divisor in [0.5, 2] keeps a / b smooth.
-        let b = if matches!(op, Op::Div) { c.positive(sb) } else { c.random(sb) };
+        let b = if matches!(op, Op::Div) {
+            c.positive(sb)
+        } else {
+            c.random(sb)
+        };
         c.op(op, &[a, b])
     })
 }
@@ -465,7 +548,14 @@ fn matmul_batch_times_shared_matrix_gradient_matches_finite_differences() {
 fn softmax_case(log: bool, axis: usize) {
     check_grads(|c| {
         let x = c.random(&[2, 3, 4]);
-        c.op(if log { Op::LogSoftmax { axis } } else { Op::Softmax { axis } }, &[x])
+        c.op(
+            if log {
+                Op::LogSoftmax { axis }
+            } else {
+                Op::Softmax { axis }
+            },
+            &[x],
+        )
     })
 }
 
@@ -511,7 +601,13 @@ fn conv_case(x: &[usize], w: &[usize], stride: usize, padding: usize) {
     check_grads(|c| {
         let x = c.random(x);
         let w = c.random(w);
-        c.op(Op::Conv2d { stride: [stride; 2], padding: [padding; 2] }, &[x, w])
+        c.op(
+            Op::Conv2d {
+                stride: [stride; 2],
+                padding: [padding; 2],
+            },
+            &[x, w],
+        )
     })
 }
 
@@ -526,7 +622,13 @@ fn conv2d_stride2_pad1_gradient_wrt_input_and_weight_matches_finite_differences(
     check_grads(|c| {
         let x = c.random(&[2, 2, 6, 5]);
         let w = c.random(&[3, 2, 3, 2]);
-        c.op(Op::Conv2d { stride: [2, 2], padding: [1, 1] }, &[x, w])
+        c.op(
+            Op::Conv2d {
+                stride: [2, 2],
+                padding: [1, 1],
+            },
+            &[x, w],
+        )
     })
 }
 
@@ -537,9 +639,28 @@ fn conv2d_stride2_pad1_square_gradient_matches_finite_differences() {
 
 fn pool_case(max: bool, shape: &[usize], k: usize, s: usize, p: usize) {
     check_grads(|c| {
-        let x = if max { c.distinct(shape) } else { c.random(shape) };
+        let x = if max {
+            c.distinct(shape)
+        } else {
+            c.random(shape)
+        };
         let (kernel, stride, padding) = ([k; 2], [s; 2], [p; 2]);
-        c.op(if max { Op::MaxPool2d { kernel, stride, padding } } else { Op::AvgPool2d { kernel, stride, padding } }, &[x])
+        c.op(
+            if max {
+                Op::MaxPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                }
+            } else {
+                Op::AvgPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                }
+            },
+            &[x],
+        )
     })
 }
 
@@ -588,7 +709,12 @@ fn dropout_in_training_gradient_flows_through_kept_elements_only() {
 fn reshape_gradient_matches_finite_differences() {
     check_grads(|c| {
         let x = c.random(&[2, 3, 4]);
-        c.op(Op::Reshape { shape: known(&[4, 6]) }, &[x])
+        c.op(
+            Op::Reshape {
+                shape: known(&[4, 6]),
+            },
+            &[x],
+        )
     })
 }
 
@@ -599,7 +725,12 @@ fn reshape_with_symbolic_batch_gradient_matches_finite_differences() {
         let b = Dim::sym("B");
         let value = c.random_values(&[2, 12]);
         let x = c.input_declared(vec![b.clone(), Dim::known(12)], value, DType::F32);
-        c.op(Op::Reshape { shape: vec![b, Dim::known(3), Dim::known(4)] }, &[x])
+        c.op(
+            Op::Reshape {
+                shape: vec![b, Dim::known(3), Dim::known(4)],
+            },
+            &[x],
+        )
     })
 }
 
@@ -607,7 +738,12 @@ fn reshape_with_symbolic_batch_gradient_matches_finite_differences() {
 fn permute_gradient_matches_finite_differences() {
     check_grads(|c| {
         let x = c.random(&[2, 3, 4]);
-        c.op(Op::Permute { perm: vec![2, 0, 1] }, &[x])
+        c.op(
+            Op::Permute {
+                perm: vec![2, 0, 1],
+            },
+            &[x],
+        )
     })
 }
 
@@ -634,7 +770,14 @@ fn concat_axis1_gradient_wrt_each_input_matches_finite_differences() {
 fn narrow_gradient_matches_finite_differences() {
     check_grads(|c| {
         let x = c.random(&[3, 5, 2]);
-        c.op(Op::Narrow { axis: 1, start: 1, len: 3 }, &[x])
+        c.op(
+            Op::Narrow {
+                axis: 1,
+                start: 1,
+                len: 3,
+            },
+            &[x],
+        )
     })
 }
 

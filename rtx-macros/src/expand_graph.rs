@@ -6,8 +6,8 @@ use crate::internals::ast::{ElemType, GraphDef, GraphFnDef, ModelStruct};
 use crate::internals::ctxt::Ctxt;
 use crate::internals::lower::{Lowerer, NestedModel, Obligation, ParamRef};
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned, ToTokens};
-use rtx_ir::{Atom, Dim, GraphFn, ModelIr, Op, IR_VERSION};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
+use rtx_ir::{Atom, Dim, GraphFn, IR_VERSION, ModelIr, Op};
 use std::collections::HashMap;
 use syn::parse::{Parse, ParseStream};
 
@@ -28,7 +28,13 @@ pub struct NestedTokens {
     pub raw: TokenStream,
 }
 
-fn parse_sections(input: ParseStream) -> syn::Result<(Option<syn::ItemStruct>, Option<syn::ItemImpl>, Vec<NestedTokens>)> {
+fn parse_sections(
+    input: ParseStream,
+) -> syn::Result<(
+    Option<syn::ItemStruct>,
+    Option<syn::ItemImpl>,
+    Vec<NestedTokens>,
+)> {
     let (mut s, mut i, mut n) = (None, None, Vec::new());
     while !input.is_empty() {
         input.parse::<syn::Token![@]>()?;
@@ -42,9 +48,17 @@ fn parse_sections(input: ParseStream) -> syn::Result<(Option<syn::ItemStruct>, O
                 let raw: TokenStream = content.fork().parse()?;
                 let (ns, ni, nn) = parse_sections(&content)?;
                 let (Some(ns), Some(ni)) = (ns, ni) else {
-                    return Err(syn::Error::new(tag.span(), "internal: nested model without struct or impl"));
+                    return Err(syn::Error::new(
+                        tag.span(),
+                        "internal: nested model without struct or impl",
+                    ));
                 };
-                n.push(NestedTokens { item_struct: ns, item_impl: ni, nested: nn, raw });
+                n.push(NestedTokens {
+                    item_struct: ns,
+                    item_impl: ni,
+                    nested: nn,
+                    raw,
+                });
             }
             _ => return Err(syn::Error::new(tag.span(), "internal: unknown section")),
         }
@@ -56,8 +70,15 @@ impl Parse for ImplInput {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let (s, i, n) = parse_sections(input)?;
         match (s, i) {
-            (Some(item_struct), Some(item_impl)) => Ok(ImplInput { item_struct, item_impl, nested: n }),
-            _ => Err(syn::Error::new(Span::call_site(), "internal: __model_impl! needs @struct and @impl")),
+            (Some(item_struct), Some(item_impl)) => Ok(ImplInput {
+                item_struct,
+                item_impl,
+                nested: n,
+            }),
+            _ => Err(syn::Error::new(
+                Span::call_site(),
+                "internal: __model_impl! needs @struct and @impl",
+            )),
         }
     }
 }
@@ -68,22 +89,34 @@ fn take_graph(item: &syn::ItemImpl, cx: &Ctxt) -> (Option<GraphDef>, Vec<syn::Im
     let mut rest = Vec::new();
     for it in &item.items {
         match it {
-            syn::ImplItem::Macro(m) if m.mac.path.is_ident("graph") => match syn::parse2::<GraphDef>(m.mac.tokens.clone()) {
-                Ok(g) if graph.is_none() => graph = Some(g),
-                Ok(_) => cx.error_spanned_by(&m.mac, "only one graph! block per #[model] impl"),
-                Err(e) => cx.syn_error(e),
-            },
+            syn::ImplItem::Macro(m) if m.mac.path.is_ident("graph") => {
+                match syn::parse2::<GraphDef>(m.mac.tokens.clone()) {
+                    Ok(g) if graph.is_none() => graph = Some(g),
+                    Ok(_) => cx.error_spanned_by(&m.mac, "only one graph! block per #[model] impl"),
+                    Err(e) => cx.syn_error(e),
+                }
+            }
             other => rest.push(other.clone()),
         }
     }
     (graph, rest)
 }
 
-fn collect_nested(list: &[NestedTokens], out: &mut HashMap<String, NestedModel>, raw: &mut Vec<TokenStream>) {
+fn collect_nested(
+    list: &[NestedTokens],
+    out: &mut HashMap<String, NestedModel>,
+    raw: &mut Vec<TokenStream>,
+) {
     for n in list {
         let cx = Ctxt::new();
         if let (Some(graph), _) = take_graph(&n.item_impl, &cx) {
-            out.insert(n.item_struct.ident.to_string(), NestedModel { item: n.item_struct.clone(), graph });
+            out.insert(
+                n.item_struct.ident.to_string(),
+                NestedModel {
+                    item: n.item_struct.clone(),
+                    graph,
+                },
+            );
         }
         raw.push(n.raw.clone());
         collect_nested(&n.nested, out, raw);
@@ -101,7 +134,9 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
     // A nested model whose definition has not arrived yet: ask its callback for it, passing
     // everything along; its expansion calls this macro again.
     if let Some(missing) = model.fields.iter().find_map(|f| match &f.kind {
-        crate::internals::ast::FieldKind::Nested { type_name, path, .. } if !nested.contains_key(type_name) => Some((type_name.clone(), path.clone())),
+        crate::internals::ast::FieldKind::Nested {
+            type_name, path, ..
+        } if !nested.contains_key(type_name) => Some((type_name.clone(), path.clone())),
         _ => None,
     }) {
         let (type_name, mut path) = missing;
@@ -137,8 +172,14 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
     let obligation_checks = emit_obligations(&cx, &obligations);
     cx.check()?;
 
-    let ir = ModelIr { version: IR_VERSION, model: model.name.to_string(), functions: fns_ir };
-    let json = ir.to_json().map_err(|e| syn::Error::new(Span::call_site(), e))?;
+    let ir = ModelIr {
+        version: IR_VERSION,
+        model: model.name.to_string(),
+        functions: fns_ir,
+    };
+    let json = ir
+        .to_json()
+        .map_err(|e| syn::Error::new(Span::call_site(), e))?;
     let item_impl = &input.item_impl;
     let (impl_g, _, where_g) = item_impl.generics.split_for_impl();
     let self_ty = &item_impl.self_ty;
@@ -254,13 +295,21 @@ fn emit_bindings(model: &ModelStruct, f: &GraphFnDef, ir: &GraphFn) -> TokenStre
     let mut bound: Vec<String> = Vec::new();
     let mut out = TokenStream::new();
     for inp in &f.inputs {
-        let node = ir.graph.nodes.iter().find(|n| matches!(&n.op, Op::Input { name, .. } if *name == inp.name.to_string()));
+        let node = ir
+            .graph
+            .nodes
+            .iter()
+            .find(|n| matches!(&n.op, Op::Input { name, .. } if *name == inp.name.to_string()));
         let Some(node) = node else { continue };
         let arg = &inp.name;
         let arg_name = arg.to_string();
         let declared = rtx_ir::fmt_shape(&node.shape);
         let rank = node.shape.len();
-        let dtype = if inp.dtype == ElemType::I64 { quote!(::rtx_core::DType::I64) } else { quote!(::rtx_core::DType::F32) };
+        let dtype = if inp.dtype == ElemType::I64 {
+            quote!(::rtx_core::DType::I64)
+        } else {
+            quote!(::rtx_core::DType::F32)
+        };
         out.extend(quote! { __b.arg(#arg_name, #arg, #declared, #rank, #dtype)?; });
         for (axis, d) in node.shape.iter().enumerate() {
             match d.as_single_atom() {
@@ -268,6 +317,10 @@ fn emit_bindings(model: &ModelStruct, f: &GraphFnDef, ir: &GraphFn) -> TokenStre
                     let id = format_ident!("__d_{}", s);
                     out.extend(quote! { let #id: usize = __b.bind(#arg_name, #arg, #declared, #axis, #s)?; });
                     bound.push(s.clone());
+                }
+                // A repeated symbol re-checks against its binding, naming the argument that bound it.
+                Some(Atom::Sym(s)) => {
+                    out.extend(quote! { __b.bind(#arg_name, #arg, #declared, #axis, #s)?; });
                 }
                 _ => {
                     let e = dim_expr(d);
@@ -283,7 +336,13 @@ fn emit_bindings(model: &ModelStruct, f: &GraphFnDef, ir: &GraphFn) -> TokenStre
 }
 
 /// One `let` per node: leaves read inputs or parameters, every other node runs its op.
-fn emit_nodes(ir: &GraphFn, fi: usize, upto: usize, params: &[ParamRef], f: &GraphFnDef) -> TokenStream {
+fn emit_nodes(
+    ir: &GraphFn,
+    fi: usize,
+    upto: usize,
+    params: &[ParamRef],
+    f: &GraphFnDef,
+) -> TokenStream {
     let mut out = TokenStream::new();
     for (id, node) in ir.graph.nodes.iter().enumerate().take(upto) {
         let var = format_ident!("__n{}", id);
@@ -293,7 +352,11 @@ fn emit_nodes(ir: &GraphFn, fi: usize, upto: usize, params: &[ParamRef], f: &Gra
                 quote!(let #var: ::rtx_core::Tensor = #arg.clone();)
             }
             Op::Param { name, .. } => {
-                let access = params.iter().find(|p| p.name == *name).map(|p| p.access.clone()).unwrap_or_default();
+                let access = params
+                    .iter()
+                    .find(|p| p.name == *name)
+                    .map(|p| p.access.clone())
+                    .unwrap_or_default();
                 let fields = access.iter().map(|a| format_ident!("{}", a));
                 quote!(let #var: ::rtx_core::Tensor = self #(. #fields)* .clone();)
             }
@@ -303,7 +366,9 @@ fn emit_nodes(ir: &GraphFn, fi: usize, upto: usize, params: &[ParamRef], f: &Gra
                     // Target shapes can name symbolic dims: build the op with their values.
                     Op::Reshape { shape } => {
                         let dims = shape.iter().map(dim_expr);
-                        quote!(&::rtx_core::ir::Op::Reshape { shape: ::std::vec![#(::rtx_core::ir::Dim::known(#dims)),*] })
+                        quote!(&::rtx_core::ir::Op::Reshape {
+                            shape: ::std::vec![#(::rtx_core::ir::Dim::known(#dims)),*]
+                        })
                     }
                     _ => quote!(&__ops[#id].op),
                 };
@@ -316,15 +381,26 @@ fn emit_nodes(ir: &GraphFn, fi: usize, upto: usize, params: &[ParamRef], f: &Gra
     out
 }
 
-fn emit_fn(model: &ModelStruct, f: &GraphFnDef, fi: usize, ir: &GraphFn, params: &[ParamRef]) -> TokenStream {
+fn emit_fn(
+    model: &ModelStruct,
+    f: &GraphFnDef,
+    fi: usize,
+    ir: &GraphFn,
+    params: &[ParamRef],
+) -> TokenStream {
     let name = &f.name;
     let with = format_ident!("{}_with", name);
     let args: Vec<&syn::Ident> = f.inputs.iter().map(|i| &i.name).collect();
     let bindings = emit_bindings(model, f, ir);
     let fwd = emit_nodes(ir, fi, ir.forward_len, params, f);
     let out = format_ident!("__n{}", ir.output);
-    let doc = format!("Graph function `{}` in eval mode (dropout off). Checked at compile time: {}.", name, signature_text(f, ir));
-    let doc_with = format!("Graph function `{name}` with an explicit context (train mode turns dropout on).");
+    let doc = format!(
+        "Graph function `{}` in eval mode (dropout off). Checked at compile time: {}.",
+        name,
+        signature_text(f, ir)
+    );
+    let doc_with =
+        format!("Graph function `{name}` with an explicit context (train mode turns dropout on).");
     let mut ts = quote! {
         #[doc = #doc]
         pub fn #name(&self, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
@@ -344,7 +420,9 @@ fn emit_fn(model: &ModelStruct, f: &GraphFnDef, fi: usize, ir: &GraphFn, params:
         let and_grads = format_ident!("{}_and_grads", name);
         let all = emit_nodes(ir, fi, ir.graph.len(), params, f);
         let pushes = ir.grads.iter().filter_map(|g| {
-            let Op::Param { name, .. } = &ir.graph.node(g.leaf).op else { return None };
+            let Op::Param { name, .. } = &ir.graph.node(g.leaf).op else {
+                return None;
+            };
             let leaf = format_ident!("__n{}", g.leaf);
             Some(match g.grad {
                 Some(id) => {
@@ -385,7 +463,12 @@ fn signature_text(f: &GraphFnDef, ir: &GraphFn) -> String {
             _ => None,
         })
         .collect();
-    format!("({}) -> {}", ins.join(", "), rtx_ir::fmt_shape(&ir.graph.node(ir.output).shape)).replace("self", &f.name.to_string())
+    format!(
+        "({}) -> {}",
+        ins.join(", "),
+        rtx_ir::fmt_shape(&ir.graph.node(ir.output).shape)
+    )
+    .replace("self", &f.name.to_string())
 }
 
 /// Each generic-dimension equality becomes a `DimEq` check that rustc runs at `cargo check`:
@@ -397,7 +480,10 @@ fn emit_obligations(cx: &Ctxt, obligations: &[Obligation]) -> TokenStream {
     let mut seen: Vec<(String, String)> = Vec::new();
     for o in obligations {
         let (f, e) = (o.found.to_string(), o.expected.to_string());
-        if seen.iter().any(|(a, b)| (*a == f && *b == e) || (*a == e && *b == f)) {
+        if seen
+            .iter()
+            .any(|(a, b)| (*a == f && *b == e) || (*a == e && *b == f))
+        {
             continue;
         }
         seen.push((f, e));
@@ -412,7 +498,10 @@ fn emit_obligations(cx: &Ctxt, obligations: &[Obligation]) -> TokenStream {
             continue;
         };
         let mut toks = o.tokens.clone().into_iter();
-        let first = toks.next().map(|t| t.span()).unwrap_or_else(Span::call_site);
+        let first = toks
+            .next()
+            .map(|t| t.span())
+            .unwrap_or_else(Span::call_site);
         let last = toks.last().map(|t| t.span()).unwrap_or(first);
         let check = format_ident!("DimCheck", span = last);
         out.extend(quote_spanned! {first=>

@@ -18,8 +18,16 @@ pub fn expand(item: syn::ItemStruct) -> syn::Result<TokenStream> {
         // "cannot find macro `__rtx_model_..`" or "cannot find type" to the real errors.
         let errors = e.to_compile_error();
         let vis = &item.vis;
-        let all_const = item.generics.params.iter().all(|p| matches!(p, syn::GenericParam::Const(_)));
-        let generics = if all_const { item.generics.clone() } else { syn::Generics::default() };
+        let all_const = item
+            .generics
+            .params
+            .iter()
+            .all(|p| matches!(p, syn::GenericParam::Const(_)));
+        let generics = if all_const {
+            item.generics.clone()
+        } else {
+            syn::Generics::default()
+        };
         return Ok(quote! {
             #errors
             #[allow(dead_code)]

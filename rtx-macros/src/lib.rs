@@ -22,16 +22,25 @@ use quote::quote;
 pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
     if !attr.is_empty() {
         let attr2: proc_macro2::TokenStream = attr.into();
-        return syn::Error::new_spanned(attr2, "#[model] takes no arguments").to_compile_error().into();
+        return syn::Error::new_spanned(attr2, "#[model] takes no arguments")
+            .to_compile_error()
+            .into();
     }
     let item2: proc_macro2::TokenStream = item.clone().into();
     if let Ok(s) = syn::parse::<syn::ItemStruct>(item.clone()) {
-        return expand_struct::expand(s).unwrap_or_else(|e| e.to_compile_error()).into();
+        return expand_struct::expand(s)
+            .unwrap_or_else(|e| e.to_compile_error())
+            .into();
     }
     match syn::parse::<syn::ItemImpl>(item) {
         Ok(i) => {
             let Some(name) = self_type_name(&i) else {
-                return syn::Error::new_spanned(&i.self_ty, "#[model] impl needs a plain struct type").to_compile_error().into();
+                return syn::Error::new_spanned(
+                    &i.self_ty,
+                    "#[model] impl needs a plain struct type",
+                )
+                .to_compile_error()
+                .into();
             };
             let callback = callback_ident("model", &name.to_string(), name.span());
             // The empty impl makes rustc report a misspelled type as "cannot find type", with
@@ -40,7 +49,12 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
             let self_ty = &i.self_ty;
             quote!(#callback! { @impl { #i } } impl #impl_g #self_ty #where_g {}).into()
         }
-        Err(_) => syn::Error::new_spanned(item2, "#[model] goes on a struct or on the impl that holds its graph! block").to_compile_error().into(),
+        Err(_) => syn::Error::new_spanned(
+            item2,
+            "#[model] goes on a struct or on the impl that holds its graph! block",
+        )
+        .to_compile_error()
+        .into(),
     }
 }
 
@@ -68,7 +82,9 @@ fn self_type_name(i: &syn::ItemImpl) -> Option<syn::Ident> {
 #[proc_macro]
 pub fn __model_impl(input: TokenStream) -> TokenStream {
     match syn::parse::<expand_graph::ImplInput>(input) {
-        Ok(i) => expand_graph::expand(i).unwrap_or_else(|e| e.to_compile_error()).into(),
+        Ok(i) => expand_graph::expand(i)
+            .unwrap_or_else(|e| e.to_compile_error())
+            .into(),
         Err(e) => e.to_compile_error().into(),
     }
 }

@@ -3,8 +3,8 @@
 
 #![allow(dead_code)]
 
-use rtx_core::{DType, Tensor};
 use rtx_core::ir::reference::Array;
+use rtx_core::{DType, Tensor};
 
 /// SplitMix64: tiny, seedable and identical on every platform, so failures reproduce.
 pub struct Rng(u64);
@@ -36,7 +36,11 @@ impl Rng {
     /// pixels.
     pub fn images(&mut self, shape: &[usize]) -> Tensor {
         let n = shape.iter().product();
-        Tensor::from_vec((0..n).map(|_| (4.0 * self.unit() - 2.0) as f32).collect(), shape).unwrap()
+        Tensor::from_vec(
+            (0..n).map(|_| (4.0 * self.unit() - 2.0) as f32).collect(),
+            shape,
+        )
+        .unwrap()
     }
 
     /// `n` class labels in 0..10.
@@ -49,12 +53,21 @@ impl Rng {
 pub fn to_array(t: &Tensor) -> Array {
     let data = match t.dtype() {
         DType::F32 => t.to_vec_f32().unwrap().into_iter().map(f64::from).collect(),
-        DType::I64 => t.to_vec_i64().unwrap().into_iter().map(|v| v as f64).collect(),
+        DType::I64 => t
+            .to_vec_i64()
+            .unwrap()
+            .into_iter()
+            .map(|v| v as f64)
+            .collect(),
     };
     Array::new(t.shape().to_vec(), data)
 }
 
 /// The bit patterns of an f32 tensor, for exact comparisons.
 pub fn bits(t: &Tensor) -> Vec<u32> {
-    t.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+    t.to_vec_f32()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
 }

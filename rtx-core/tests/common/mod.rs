@@ -56,7 +56,15 @@ impl Rng {
     /// Elements with magnitude in [lo, hi) and a random sign (safe denominators).
     pub fn tensor_away_from_zero(&mut self, shape: &[usize], lo: f32, hi: f32) -> Tensor {
         let n = shape.iter().product();
-        let v = (0..n).map(|_| if self.next_u64() & 1 == 0 { self.uniform(lo, hi) } else { -self.uniform(lo, hi) }).collect();
+        let v = (0..n)
+            .map(|_| {
+                if self.next_u64() & 1 == 0 {
+                    self.uniform(lo, hi)
+                } else {
+                    -self.uniform(lo, hi)
+                }
+            })
+            .collect();
         Tensor::from_vec(v, shape).unwrap()
     }
 
@@ -71,7 +79,12 @@ impl Rng {
 pub fn to_array(t: &Tensor) -> Array {
     let data = match t.dtype() {
         DType::F32 => t.to_vec_f32().unwrap().into_iter().map(f64::from).collect(),
-        DType::I64 => t.to_vec_i64().unwrap().into_iter().map(|v| v as f64).collect(),
+        DType::I64 => t
+            .to_vec_i64()
+            .unwrap()
+            .into_iter()
+            .map(|v| v as f64)
+            .collect(),
     };
     Array::new(t.shape().to_vec(), data)
 }
@@ -81,6 +94,9 @@ pub fn assert_close(got: &[f64], want: &[f64], atol: f64, rtol: f64, what: &str)
     assert_eq!(got.len(), want.len(), "{what}: element count");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let err = (g - w).abs();
-        assert!(err <= atol + rtol * w.abs(), "{what}: element {i}: got {g}, want {w} (error {err:e})");
+        assert!(
+            err <= atol + rtol * w.abs(),
+            "{what}: element {i}: got {g}, want {w} (error {err:e})"
+        );
     }
 }

@@ -7,19 +7,39 @@ use rtx_ir::Dim;
 use std::collections::HashMap;
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
-use syn::{bracketed, parenthesized, Token};
+use syn::{Token, bracketed, parenthesized};
 
 /// What a field of a `#[model]` struct is.
 #[derive(Clone, Debug)]
 pub enum FieldKind {
-    Linear { inp: Dim, out: Dim },
-    Conv2d { c_in: Dim, c_out: Dim, k: Dim, stride: usize, pad: usize },
-    Embedding { vocab: Dim, dim: Dim },
-    LayerNorm { dim: Dim },
+    Linear {
+        inp: Dim,
+        out: Dim,
+    },
+    Conv2d {
+        c_in: Dim,
+        c_out: Dim,
+        k: Dim,
+        stride: usize,
+        pad: usize,
+    },
+    Embedding {
+        vocab: Dim,
+        dim: Dim,
+    },
+    LayerNorm {
+        dim: Dim,
+    },
     /// A free parameter of the given shape (`Param2<8, 64>`).
-    Param { shape: Vec<Dim> },
+    Param {
+        shape: Vec<Dim>,
+    },
     /// Another `#[model]` struct; its generic arguments as dimensions.
-    Nested { type_name: String, path: syn::Path, args: Vec<Dim> },
+    Nested {
+        type_name: String,
+        path: syn::Path,
+        args: Vec<Dim>,
+    },
 }
 
 #[derive(Clone)]
@@ -39,7 +59,11 @@ pub struct ModelStruct {
 
 /// Integer literal or const parameter of `params` as a dimension; `env` substitutes the
 /// parameters of a nested model by the outer model's arguments.
-pub fn dim_from_generic_arg(arg: &syn::GenericArgument, params: &[syn::Ident], env: &HashMap<String, Dim>) -> Option<Dim> {
+pub fn dim_from_generic_arg(
+    arg: &syn::GenericArgument,
+    params: &[syn::Ident],
+    env: &HashMap<String, Dim>,
+) -> Option<Dim> {
     match arg {
         syn::GenericArgument::Const(e) => dim_from_expr(e, &[], params, env).ok(),
         syn::GenericArgument::Type(syn::Type::Path(p)) if p.qself.is_none() => {
@@ -55,11 +79,23 @@ pub fn dim_from_generic_arg(arg: &syn::GenericArgument, params: &[syn::Ident], e
 }
 
 /// A dimension written in source: `64`, `B`, `IN`, `C * H * W`, `(N + 1)`.
-pub fn dim_from_expr(e: &syn::Expr, symbols: &[syn::Ident], params: &[syn::Ident], env: &HashMap<String, Dim>) -> syn::Result<Dim> {
+pub fn dim_from_expr(
+    e: &syn::Expr,
+    symbols: &[syn::Ident],
+    params: &[syn::Ident],
+    env: &HashMap<String, Dim>,
+) -> syn::Result<Dim> {
     match e {
-        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => Ok(Dim::known(i.base10_parse::<usize>()?)),
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(i),
+            ..
+        }) => Ok(Dim::known(i.base10_parse::<usize>()?)),
         syn::Expr::Path(p) if p.path.get_ident().is_some() => {
-            let id = p.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
+            let id = p
+                .path
+                .get_ident()
+                .map(|i| i.to_string())
+                .unwrap_or_default();
             if let Some(d) = env.get(&id) {
                 return Ok(d.clone());
             }
@@ -83,7 +119,10 @@ pub fn dim_from_expr(e: &syn::Expr, symbols: &[syn::Ident], params: &[syn::Ident
         syn::Expr::Group(g) => dim_from_expr(&g.expr, symbols, params, env),
         syn::Expr::Block(b) if b.block.stmts.len() == 1 => match &b.block.stmts[0] {
             syn::Stmt::Expr(inner, None) => dim_from_expr(inner, symbols, params, env),
-            _ => Err(syn::Error::new_spanned(e, "expected a dimension expression")),
+            _ => Err(syn::Error::new_spanned(
+                e,
+                "expected a dimension expression",
+            )),
         },
         syn::Expr::Binary(b) => {
             let l = dim_from_expr(&b.left, symbols, params, env)?;
@@ -94,16 +133,30 @@ pub fn dim_from_expr(e: &syn::Expr, symbols: &[syn::Ident], params: &[syn::Ident
                 syn::BinOp::Mul(_) => Ok(l.mul(&r)),
                 syn::BinOp::Div(_) => match r.as_known() {
                     Some(d) if d > 0 => Ok(l.floor_div(d as u64)),
-                    _ => Err(syn::Error::new_spanned(&b.right, "a dimension can only be divided by a positive literal")),
+                    _ => Err(syn::Error::new_spanned(
+                        &b.right,
+                        "a dimension can only be divided by a positive literal",
+                    )),
                 },
-                _ => Err(syn::Error::new_spanned(b.op, "dimensions support only `+`, `-`, `*` and `/`")),
+                _ => Err(syn::Error::new_spanned(
+                    b.op,
+                    "dimensions support only `+`, `-`, `*` and `/`",
+                )),
             }
         }
-        _ => Err(syn::Error::new_spanned(e, "expected a dimension: an integer, a symbolic dimension or a const generic")),
+        _ => Err(syn::Error::new_spanned(
+            e,
+            "expected a dimension: an integer, a symbolic dimension or a const generic",
+        )),
     }
 }
 
-fn layer_kind(ty: &syn::Type, params: &[syn::Ident], env: &HashMap<String, Dim>, cx: &Ctxt) -> Option<FieldKind> {
+fn layer_kind(
+    ty: &syn::Type,
+    params: &[syn::Ident],
+    env: &HashMap<String, Dim>,
+    cx: &Ctxt,
+) -> Option<FieldKind> {
     let syn::Type::Path(tp) = ty else {
         cx.error_spanned_by(ty, "a model field must be a layer (Linear, Conv2d, Embedding, LayerNorm, Param1..Param4) or another #[model] struct");
         return None;
@@ -112,8 +165,9 @@ fn layer_kind(ty: &syn::Type, params: &[syn::Ident], env: &HashMap<String, Dim>,
     // Plain Rust types are never models; without this they would be taken for a nested
     // model and fail later as "cannot find macro `__rtx_graph_f32`".
     const NOT_LAYERS: &[&str] = &[
-        "f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32", "u64", "u128",
-        "usize", "bool", "char", "str", "String", "Vec", "Option", "Box", "Rc", "Arc", "HashMap", "Tensor",
+        "f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16",
+        "u32", "u64", "u128", "usize", "bool", "char", "str", "String", "Vec", "Option", "Box",
+        "Rc", "Arc", "HashMap", "Tensor",
     ];
     let ty_name = last.ident.to_string();
     if tp.qself.is_none() && NOT_LAYERS.contains(&ty_name.as_str()) {
@@ -147,7 +201,10 @@ fn layer_kind(ty: &syn::Type, params: &[syn::Ident], env: &HashMap<String, Dim>,
     let name = last.ident.to_string();
     let arity = |lo: usize, hi: usize, form: &str| -> bool {
         if dims.len() < lo || dims.len() > hi {
-            cx.error_spanned_by(ty, format!("`{name}` takes {form}, found {} argument(s)", dims.len()));
+            cx.error_spanned_by(
+                ty,
+                format!("`{name}` takes {form}, found {} argument(s)", dims.len()),
+            );
             false
         } else {
             true
@@ -156,27 +213,46 @@ fn layer_kind(ty: &syn::Type, params: &[syn::Ident], env: &HashMap<String, Dim>,
     let known = |d: &Dim, what: &str| -> Option<usize> {
         let v = d.as_known();
         if v.is_none() {
-            cx.error_spanned_by(ty, format!("the {what} of `{name}` must be an integer literal"));
+            cx.error_spanned_by(
+                ty,
+                format!("the {what} of `{name}` must be an integer literal"),
+            );
         }
         v
     };
     Some(match name.as_str() {
-        "Linear" if arity(2, 2, "<IN, OUT>") => FieldKind::Linear { inp: dims[0].clone(), out: dims[1].clone() },
+        "Linear" if arity(2, 2, "<IN, OUT>") => FieldKind::Linear {
+            inp: dims[0].clone(),
+            out: dims[1].clone(),
+        },
         "Conv2d" if arity(3, 5, "<C_IN, C_OUT, K[, STRIDE[, PAD]]>") => FieldKind::Conv2d {
             c_in: dims[0].clone(),
             c_out: dims[1].clone(),
             k: dims[2].clone(),
             stride: dims.get(3).map(|d| known(d, "stride")).unwrap_or(Some(1))?,
-            pad: dims.get(4).map(|d| known(d, "padding")).unwrap_or(Some(0))?,
+            pad: dims
+                .get(4)
+                .map(|d| known(d, "padding"))
+                .unwrap_or(Some(0))?,
         },
-        "Embedding" if arity(2, 2, "<VOCAB, DIM>") => FieldKind::Embedding { vocab: dims[0].clone(), dim: dims[1].clone() },
-        "LayerNorm" if arity(1, 1, "<DIM>") => FieldKind::LayerNorm { dim: dims[0].clone() },
+        "Embedding" if arity(2, 2, "<VOCAB, DIM>") => FieldKind::Embedding {
+            vocab: dims[0].clone(),
+            dim: dims[1].clone(),
+        },
+        "LayerNorm" if arity(1, 1, "<DIM>") => FieldKind::LayerNorm {
+            dim: dims[0].clone(),
+        },
         "Param1" if arity(1, 1, "<A>") => FieldKind::Param { shape: dims },
         "Param2" if arity(2, 2, "<A, B>") => FieldKind::Param { shape: dims },
         "Param3" if arity(3, 3, "<A, B, C>") => FieldKind::Param { shape: dims },
         "Param4" if arity(4, 4, "<A, B, C, D>") => FieldKind::Param { shape: dims },
-        "Linear" | "Conv2d" | "Embedding" | "LayerNorm" | "Param1" | "Param2" | "Param3" | "Param4" => return None,
-        _ => FieldKind::Nested { type_name: name, path: tp.path.clone(), args: dims },
+        "Linear" | "Conv2d" | "Embedding" | "LayerNorm" | "Param1" | "Param2" | "Param3"
+        | "Param4" => return None,
+        _ => FieldKind::Nested {
+            type_name: name,
+            path: tp.path.clone(),
+            args: dims,
+        },
     })
 }
 
@@ -187,22 +263,35 @@ impl ModelStruct {
         for p in &item.generics.params {
             match p {
                 syn::GenericParam::Const(c) => const_params.push(c.ident.clone()),
-                other => cx.error_spanned_by(other, "#[model] structs take only const generic parameters (`const IN: usize`)"),
+                other => cx.error_spanned_by(
+                    other,
+                    "#[model] structs take only const generic parameters (`const IN: usize`)",
+                ),
             }
         }
         let mut fields = Vec::new();
         match &item.fields {
             syn::Fields::Named(named) => {
                 for f in &named.named {
-                    let Some(name) = f.ident.clone() else { continue };
+                    let Some(name) = f.ident.clone() else {
+                        continue;
+                    };
                     if let Some(kind) = layer_kind(&f.ty, &const_params, env, cx) {
-                        fields.push(Field { name, ty: f.ty.clone(), kind });
+                        fields.push(Field {
+                            name,
+                            ty: f.ty.clone(),
+                            kind,
+                        });
                     }
                 }
             }
             _ => cx.error_spanned_by(&item.ident, "#[model] needs a struct with named fields"),
         }
-        ModelStruct { name: item.ident.clone(), const_params, fields }
+        ModelStruct {
+            name: item.ident.clone(),
+            const_params,
+            fields,
+        }
     }
 
     pub fn field(&self, name: &str) -> Option<&Field> {
@@ -242,7 +331,8 @@ pub struct GraphDef {
 fn parse_dims(input: ParseStream) -> syn::Result<(Vec<syn::Expr>, TokenStream)> {
     let content;
     let br = bracketed!(content in input);
-    let dims: Punctuated<syn::Expr, Token![,]> = content.parse_terminated(syn::Expr::parse, Token![,])?;
+    let dims: Punctuated<syn::Expr, Token![,]> =
+        content.parse_terminated(syn::Expr::parse, Token![,])?;
     let mut toks = TokenStream::new();
     br.surround(&mut toks, |t| dims.to_tokens(t));
     Ok((dims.into_iter().collect(), toks))
@@ -280,7 +370,12 @@ impl Parse for GraphFnDef {
                 match t.to_string().as_str() {
                     "i64" => ElemType::I64,
                     "f32" => ElemType::F32,
-                    _ => return Err(syn::Error::new(t.span(), "expected `f32` or `i64` before the shape, e.g. `y: i64[B]`")),
+                    _ => {
+                        return Err(syn::Error::new(
+                            t.span(),
+                            "expected `f32` or `i64` before the shape, e.g. `y: i64[B]`",
+                        ));
+                    }
                 }
             } else {
                 ElemType::F32
@@ -292,7 +387,13 @@ impl Parse for GraphFnDef {
         input.parse::<Token![->]>()?;
         let (output, _) = parse_dims(input)?;
         let body: syn::Block = input.parse()?;
-        Ok(GraphFnDef { name, symbols, inputs, output, body })
+        Ok(GraphFnDef {
+            name,
+            symbols,
+            inputs,
+            output,
+            body,
+        })
     }
 }
 

@@ -12,7 +12,9 @@ pub struct Ctxt {
 
 impl Ctxt {
     pub fn new() -> Ctxt {
-        Ctxt { errors: RefCell::new(Some(Vec::new())) }
+        Ctxt {
+            errors: RefCell::new(Some(Vec::new())),
+        }
     }
 
     /// An error spanning all of `tokens` (first to last token, as rustc underlines it).

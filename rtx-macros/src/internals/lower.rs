@@ -5,11 +5,13 @@
 //! Calls to other graph functions and to nested `#[model]` fields are inlined, so the whole
 //! model is one graph to differentiate.
 
-use super::ast::{dim_from_expr, ElemType, FieldKind, GraphDef, GraphFnDef, ModelStruct};
+use super::ast::{ElemType, FieldKind, GraphDef, GraphFnDef, ModelStruct, dim_from_expr};
 use super::ctxt::Ctxt;
 use proc_macro2::TokenStream;
-use quote::{quote, ToTokens};
-use rtx_ir::{fmt_shape, Dim, DType, Graph, NodeId, Op, Shape, ShapeError, ShapeErrorKind, Unifier};
+use quote::{ToTokens, quote};
+use rtx_ir::{
+    DType, Dim, Graph, NodeId, Op, Shape, ShapeError, ShapeErrorKind, Unifier, fmt_shape,
+};
 use std::collections::HashMap;
 
 /// A nested model's definition, delivered by its callback macro.
@@ -68,7 +70,15 @@ fn join(prefix: &[String], name: &str) -> String {
 
 impl<'a> Lowerer<'a> {
     pub fn new(cx: &'a Ctxt, nested: &'a HashMap<String, NestedModel>) -> Lowerer<'a> {
-        Lowerer { cx, graph: Graph::default(), u: Unifier::default(), params: Vec::new(), obligations: Vec::new(), nested, stack: Vec::new() }
+        Lowerer {
+            cx,
+            graph: Graph::default(),
+            u: Unifier::default(),
+            params: Vec::new(),
+            obligations: Vec::new(),
+            nested,
+            stack: Vec::new(),
+        }
     }
 
     fn shape(&self, n: NodeId) -> &Shape {
@@ -76,19 +86,31 @@ impl<'a> Lowerer<'a> {
     }
 
     /// Pushes an op; on a shape error reports it at the argument at fault (or the whole call).
-    fn push(&mut self, op: Op, args: &[NodeId], callsite: &str, whole: &dyn ToTokens, arg_tokens: &[&dyn ToTokens]) -> Option<NodeId> {
+    fn push(
+        &mut self,
+        op: Op,
+        args: &[NodeId],
+        callsite: &str,
+        whole: &dyn ToTokens,
+        arg_tokens: &[&dyn ToTokens],
+    ) -> Option<NodeId> {
         let before = self.u.obligations.len();
         match self.graph.push_shared(op, args, &mut self.u) {
             Ok(id) => {
                 let new: Vec<(Dim, Dim)> = self.u.obligations.drain(before..).collect();
                 for (a, b) in new {
-                    self.obligations.push(Obligation { found: b, expected: a, tokens: whole.to_token_stream() });
+                    self.obligations.push(Obligation {
+                        found: b,
+                        expected: a,
+                        tokens: whole.to_token_stream(),
+                    });
                 }
                 Some(id)
             }
             Err(e) => {
                 let at: &dyn ToTokens = arg_tokens.get(e.arg).copied().unwrap_or(whole);
-                self.cx.error_spanned_by(at.to_token_stream(), message(callsite, &e));
+                self.cx
+                    .error_spanned_by(at.to_token_stream(), message(callsite, &e));
                 None
             }
         }
@@ -96,21 +118,45 @@ impl<'a> Lowerer<'a> {
 
     fn konst(&mut self, v: f64) -> NodeId {
         // A scalar constant has no shape constraint to fail.
-        self.graph.push_shared(Op::Const { value: v }, &[], &mut self.u).unwrap_or(0)
+        self.graph
+            .push_shared(Op::Const { value: v }, &[], &mut self.u)
+            .unwrap_or(0)
     }
 
     fn param(&mut self, name: String, access: Vec<String>, shape: Shape) -> NodeId {
         if let Some(p) = self.params.iter().find(|p| p.name == name) {
             return p.node;
         }
-        let node = self.graph.push(Op::Param { name: name.clone(), shape }, &[], &mut self.u).unwrap_or(0);
+        let node = self
+            .graph
+            .push(
+                Op::Param {
+                    name: name.clone(),
+                    shape,
+                },
+                &[],
+                &mut self.u,
+            )
+            .unwrap_or(0);
         self.params.push(ParamRef { name, access, node });
         node
     }
 
     /// Lowers the top-level function `f` of `model`; returns (output node, inputs).
-    pub fn lower_fn(&mut self, model: &ModelStruct, graph: &GraphDef, f: &GraphFnDef) -> Option<NodeId> {
-        let mut sc = Scope { model, fns: &graph.fns, prefix: Vec::new(), env: HashMap::new(), symbols: f.symbols.clone(), vars: HashMap::new() };
+    pub fn lower_fn(
+        &mut self,
+        model: &ModelStruct,
+        graph: &GraphDef,
+        f: &GraphFnDef,
+    ) -> Option<NodeId> {
+        let mut sc = Scope {
+            model,
+            fns: &graph.fns,
+            prefix: Vec::new(),
+            env: HashMap::new(),
+            symbols: f.symbols.clone(),
+            vars: HashMap::new(),
+        };
         let mut ok = true;
         for (index, inp) in f.inputs.iter().enumerate() {
             let mut shape = Vec::new();
@@ -123,8 +169,24 @@ impl<'a> Lowerer<'a> {
                     }
                 }
             }
-            let dtype = if inp.dtype == ElemType::I64 { DType::I64 } else { DType::F32 };
-            let node = self.graph.push(Op::Input { index, name: inp.name.to_string(), shape, dtype }, &[], &mut self.u).ok()?;
+            let dtype = if inp.dtype == ElemType::I64 {
+                DType::I64
+            } else {
+                DType::F32
+            };
+            let node = self
+                .graph
+                .push(
+                    Op::Input {
+                        index,
+                        name: inp.name.to_string(),
+                        shape,
+                        dtype,
+                    },
+                    &[],
+                    &mut self.u,
+                )
+                .ok()?;
             sc.vars.insert(inp.name.to_string(), node);
         }
         let declared = self.declared_output(f, &sc);
@@ -139,13 +201,20 @@ impl<'a> Lowerer<'a> {
         let found = self.shape(out).clone();
         let tail = block_tail(&f.body);
         // Generic dims become `DimEq` checks for rustc, like every other equality.
-        let same = declared.len() == found.len() && declared.iter().zip(&found).all(|(d, g)| self.same_or_oblige(g, d, &tail));
+        let same = declared.len() == found.len()
+            && declared
+                .iter()
+                .zip(&found)
+                .all(|(d, g)| self.same_or_oblige(g, d, &tail));
         if !same {
             let which = if declared.len() != found.len() {
                 format!(" (rank {} vs {})", declared.len(), found.len())
             } else {
                 match declared.iter().zip(&found).position(|(d, g)| d != g) {
-                    Some(i) => format!(" (dimension {i}: declared {}, computed {})", declared[i], found[i]),
+                    Some(i) => format!(
+                        " (dimension {i}: declared {}, computed {})",
+                        declared[i], found[i]
+                    ),
                     None => String::new(),
                 }
             };
@@ -184,12 +253,16 @@ impl<'a> Lowerer<'a> {
             match stmt {
                 syn::Stmt::Local(local) => {
                     let syn::Pat::Ident(pi) = &local.pat else {
-                        self.cx.error_spanned_by(&local.pat, "graph! supports only `let name = expr;`");
+                        self.cx.error_spanned_by(
+                            &local.pat,
+                            "graph! supports only `let name = expr;`",
+                        );
                         failed = true;
                         continue;
                     };
                     let Some(init) = &local.init else {
-                        self.cx.error_spanned_by(local, "a `let` in graph! needs a value");
+                        self.cx
+                            .error_spanned_by(local, "a `let` in graph! needs a value");
                         failed = true;
                         continue;
                     };
@@ -200,15 +273,23 @@ impl<'a> Lowerer<'a> {
                         None => failed = true,
                     }
                 }
-                syn::Stmt::Expr(e, None) if i + 1 == block.stmts.len() => last = self.lower_expr(sc, e),
+                syn::Stmt::Expr(e, None) if i + 1 == block.stmts.len() => {
+                    last = self.lower_expr(sc, e)
+                }
                 other => {
-                    self.cx.error_spanned_by(other, "graph! bodies hold `let` bindings and end with the result expression");
+                    self.cx.error_spanned_by(
+                        other,
+                        "graph! bodies hold `let` bindings and end with the result expression",
+                    );
                     failed = true;
                 }
             }
         }
         if last.is_none() && !failed && !self.cx.has_errors() {
-            self.cx.error_spanned_by(block, "a graph function must end with an expression (its result)");
+            self.cx.error_spanned_by(
+                block,
+                "a graph function must end with an expression (its result)",
+            );
         }
         if failed { None } else { last }
     }
@@ -218,13 +299,19 @@ impl<'a> Lowerer<'a> {
             syn::Expr::Paren(p) => self.lower_expr(sc, &p.expr),
             syn::Expr::Group(g) => self.lower_expr(sc, &g.expr),
             syn::Expr::Path(p) => {
-                let name = p.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
+                let name = p
+                    .path
+                    .get_ident()
+                    .map(|i| i.to_string())
+                    .unwrap_or_default();
                 match sc.vars.get(&name) {
                     Some(&n) => Some(n),
                     None => {
                         let mut known: Vec<&str> = sc.vars.keys().map(String::as_str).collect();
                         known.sort();
-                        let hint = closest(&name, &known).map(|k| format!("did you mean `{k}`? ")).unwrap_or_default();
+                        let hint = closest(&name, &known)
+                            .map(|k| format!("did you mean `{k}`? "))
+                            .unwrap_or_default();
                         let known: Vec<String> = known.iter().map(|k| format!("`{k}`")).collect();
                         self.cx.error_spanned_by(
                             e,
@@ -238,7 +325,8 @@ impl<'a> Lowerer<'a> {
                 syn::Lit::Float(f) => f.base10_parse::<f64>().ok().map(|v| self.konst(v)),
                 syn::Lit::Int(i) => i.base10_parse::<f64>().ok().map(|v| self.konst(v)),
                 _ => {
-                    self.cx.error_spanned_by(e, "only numeric constants are allowed in graph!");
+                    self.cx
+                        .error_spanned_by(e, "only numeric constants are allowed in graph!");
                     None
                 }
             },
@@ -256,7 +344,10 @@ impl<'a> Lowerer<'a> {
                     syn::BinOp::Mul(_) => (Op::Mul, "*"),
                     syn::BinOp::Div(_) => (Op::Div, "/"),
                     _ => {
-                        self.cx.error_spanned_by(b.op, "graph! supports the operators `+`, `-`, `*` and `/`");
+                        self.cx.error_spanned_by(
+                            b.op,
+                            "graph! supports the operators `+`, `-`, `*` and `/`",
+                        );
                         return None;
                     }
                 };
@@ -276,7 +367,10 @@ impl<'a> Lowerer<'a> {
                         Some(self.param(full, access, shape))
                     }
                     Some(_) => {
-                        self.cx.error_spanned_by(e, format!("`self.{name}` is a layer; call it: `self.{name}(x)`"));
+                        self.cx.error_spanned_by(
+                            e,
+                            format!("`self.{name}` is a layer; call it: `self.{name}(x)`"),
+                        );
                         None
                     }
                     None => {
@@ -295,18 +389,32 @@ impl<'a> Lowerer<'a> {
     }
 
     fn unknown_field(&self, sc: &Scope, e: &dyn ToTokens, name: &str) {
-        let fields: Vec<String> = sc.model.fields.iter().map(|f| format!("`{}`", f.name)).collect();
+        let fields: Vec<String> = sc
+            .model
+            .fields
+            .iter()
+            .map(|f| format!("`{}`", f.name))
+            .collect();
         self.cx.error_spanned_by(
             e.to_token_stream(),
             format!(
                 "`{}` has no field or graph function `{name}`\n\n= help: its fields are {}",
                 sc.model.name,
-                if fields.is_empty() { "none".to_string() } else { fields.join(", ") }
+                if fields.is_empty() {
+                    "none".to_string()
+                } else {
+                    fields.join(", ")
+                }
             ),
         );
     }
 
-    fn lower_method(&mut self, sc: &mut Scope, m: &syn::ExprMethodCall, e: &syn::Expr) -> Option<NodeId> {
+    fn lower_method(
+        &mut self,
+        sc: &mut Scope,
+        m: &syn::ExprMethodCall,
+        e: &syn::Expr,
+    ) -> Option<NodeId> {
         let method = m.method.to_string();
         // self.field(x) or self.graph_fn(x..)
         if is_self(&m.receiver) {
@@ -317,8 +425,18 @@ impl<'a> Lowerer<'a> {
             }
             if let Some(f) = sc.fns.iter().find(|f| f.name == method) {
                 let f = f.clone();
-                let (model, fns, prefix, env) = (sc.model, sc.fns, sc.prefix.clone(), sc.env.clone());
-                return self.inline_call(model, fns, prefix, env, &f, &args, &format!("self.{method}(..)"), m);
+                let (model, fns, prefix, env) =
+                    (sc.model, sc.fns, sc.prefix.clone(), sc.env.clone());
+                return self.inline_call(
+                    model,
+                    fns,
+                    prefix,
+                    env,
+                    &f,
+                    &args,
+                    &format!("self.{method}(..)"),
+                    m,
+                );
             }
             self.unknown_field(sc, &m.method, &method);
             return None;
@@ -331,7 +449,8 @@ impl<'a> Lowerer<'a> {
                     self.unknown_field(sc, &f.member, &name);
                     return None;
                 };
-                let args: Vec<Option<NodeId>> = m.args.iter().map(|a| self.lower_expr(sc, a)).collect();
+                let args: Vec<Option<NodeId>> =
+                    m.args.iter().map(|a| self.lower_expr(sc, a)).collect();
                 let args: Vec<NodeId> = args.into_iter().collect::<Option<_>>()?;
                 return self.nested_call(sc, &field.kind, &name, &method, &args, m);
             }
@@ -340,12 +459,23 @@ impl<'a> Lowerer<'a> {
         None
     }
 
-    fn layer_call(&mut self, sc: &mut Scope, kind: &FieldKind, field: &str, args: &[NodeId], m: &syn::ExprMethodCall, e: &syn::Expr) -> Option<NodeId> {
+    fn layer_call(
+        &mut self,
+        sc: &mut Scope,
+        kind: &FieldKind,
+        field: &str,
+        args: &[NodeId],
+        m: &syn::ExprMethodCall,
+        e: &syn::Expr,
+    ) -> Option<NodeId> {
         let callsite = format!("self.{field}(..)");
         let arg_tok: Vec<&dyn ToTokens> = m.args.iter().map(|a| a as &dyn ToTokens).collect();
         let want_args = |me: &Self, n: usize| {
             if args.len() != n {
-                me.cx.error_spanned_by(e, format!("`{callsite}` takes {n} argument(s), found {}", args.len()));
+                me.cx.error_spanned_by(
+                    e,
+                    format!("`{callsite}` takes {n} argument(s), found {}", args.len()),
+                );
                 return false;
             }
             true
@@ -372,31 +502,77 @@ impl<'a> Lowerer<'a> {
                     let mut expected = xs.clone();
                     let n = expected.len();
                     expected[n - 1] = inp.clone();
-                    let err = ShapeError { arg: 0, kind: ShapeErrorKind::Mismatch { expected, found: xs, axis: Some(n - 1) }, help: Some(format!("`self.{field}` is a Linear with {inp} inputs; its input's last dimension is {last}")) };
-                    self.cx.error_spanned_by(arg_tok[0].to_token_stream(), message(&callsite, &err));
+                    let err = ShapeError {
+                        arg: 0,
+                        kind: ShapeErrorKind::Mismatch {
+                            expected,
+                            found: xs,
+                            axis: Some(n - 1),
+                        },
+                        help: Some(format!(
+                            "`self.{field}` is a Linear with {inp} inputs; its input's last dimension is {last}"
+                        )),
+                    };
+                    self.cx
+                        .error_spanned_by(arg_tok[0].to_token_stream(), message(&callsite, &err));
                     return None;
                 }
-                let w = self.param(pname("weight"), access("weight"), vec![out.clone(), inp.clone()]);
+                let w = self.param(
+                    pname("weight"),
+                    access("weight"),
+                    vec![out.clone(), inp.clone()],
+                );
                 let b = self.param(pname("bias"), access("bias"), vec![out.clone()]);
                 let wt = self.push(Op::Permute { perm: vec![1, 0] }, &[w], &callsite, e, &[])?;
                 let y = self.push(Op::MatMul, &[x, wt], &callsite, e, &[arg_tok[0], e])?;
                 self.push(Op::Add, &[y, b], &callsite, e, &[e, e])
             }
-            FieldKind::Conv2d { c_in, c_out, k, stride, pad } => {
+            FieldKind::Conv2d {
+                c_in,
+                c_out,
+                k,
+                stride,
+                pad,
+            } => {
                 if !want_args(self, 1) {
                     return None;
                 }
-                let w = self.param(pname("weight"), access("weight"), vec![c_out.clone(), c_in.clone(), k.clone(), k.clone()]);
+                let w = self.param(
+                    pname("weight"),
+                    access("weight"),
+                    vec![c_out.clone(), c_in.clone(), k.clone(), k.clone()],
+                );
                 let b = self.param(pname("bias"), access("bias"), vec![c_out.clone()]);
-                let y = self.push(Op::Conv2d { stride: [*stride; 2], padding: [*pad; 2] }, &[args[0], w], &callsite, e, &[arg_tok[0], e])?;
-                let b3 = self.push(Op::Reshape { shape: vec![c_out.clone(), Dim::known(1), Dim::known(1)] }, &[b], &callsite, e, &[])?;
+                let y = self.push(
+                    Op::Conv2d {
+                        stride: [*stride; 2],
+                        padding: [*pad; 2],
+                    },
+                    &[args[0], w],
+                    &callsite,
+                    e,
+                    &[arg_tok[0], e],
+                )?;
+                let b3 = self.push(
+                    Op::Reshape {
+                        shape: vec![c_out.clone(), Dim::known(1), Dim::known(1)],
+                    },
+                    &[b],
+                    &callsite,
+                    e,
+                    &[],
+                )?;
                 self.push(Op::Add, &[y, b3], &callsite, e, &[e, e])
             }
             FieldKind::Embedding { vocab, dim } => {
                 if !want_args(self, 1) {
                     return None;
                 }
-                let w = self.param(pname("weight"), access("weight"), vec![vocab.clone(), dim.clone()]);
+                let w = self.param(
+                    pname("weight"),
+                    access("weight"),
+                    vec![vocab.clone(), dim.clone()],
+                );
                 self.push(Op::Embedding, &[w, args[0]], &callsite, e, &[e, arg_tok[0]])
             }
             FieldKind::LayerNorm { dim } => {
@@ -413,16 +589,43 @@ impl<'a> Lowerer<'a> {
                     let mut expected = xs.clone();
                     let n = expected.len();
                     expected[n - 1] = dim.clone();
-                    let err = ShapeError { arg: 0, kind: ShapeErrorKind::Mismatch { expected, found: xs.clone(), axis: Some(n - 1) }, help: None };
-                    self.cx.error_spanned_by(arg_tok[0].to_token_stream(), message(&callsite, &err));
+                    let err = ShapeError {
+                        arg: 0,
+                        kind: ShapeErrorKind::Mismatch {
+                            expected,
+                            found: xs.clone(),
+                            axis: Some(n - 1),
+                        },
+                        help: None,
+                    };
+                    self.cx
+                        .error_spanned_by(arg_tok[0].to_token_stream(), message(&callsite, &err));
                     return None;
                 }
                 // Composed from primitives so its backward comes from theirs.
                 let ax = vec![xs.len() - 1];
-                let mean = self.push(Op::Mean { axes: ax.clone(), keepdim: true }, &[x], &callsite, e, &[])?;
+                let mean = self.push(
+                    Op::Mean {
+                        axes: ax.clone(),
+                        keepdim: true,
+                    },
+                    &[x],
+                    &callsite,
+                    e,
+                    &[],
+                )?;
                 let xc = self.push(Op::Sub, &[x, mean], &callsite, e, &[])?;
                 let sq = self.push(Op::Mul, &[xc, xc], &callsite, e, &[])?;
-                let var = self.push(Op::Mean { axes: ax, keepdim: true }, &[sq], &callsite, e, &[])?;
+                let var = self.push(
+                    Op::Mean {
+                        axes: ax,
+                        keepdim: true,
+                    },
+                    &[sq],
+                    &callsite,
+                    e,
+                    &[],
+                )?;
                 let eps = self.konst(1e-5);
                 let ve = self.push(Op::Add, &[var, eps], &callsite, e, &[])?;
                 let sd = self.push(Op::Sqrt, &[ve], &callsite, e, &[])?;
@@ -446,15 +649,35 @@ impl<'a> Lowerer<'a> {
             return true;
         }
         if (found.has_param() || expected.has_param()) && !found.has_sym() && !expected.has_sym() {
-            self.obligations.push(Obligation { found: found.clone(), expected: expected.clone(), tokens: at.to_token_stream() });
+            self.obligations.push(Obligation {
+                found: found.clone(),
+                expected: expected.clone(),
+                tokens: at.to_token_stream(),
+            });
             return true;
         }
         false
     }
 
-    fn nested_call(&mut self, sc: &mut Scope, kind: &FieldKind, field: &str, method: &str, args: &[NodeId], m: &syn::ExprMethodCall) -> Option<NodeId> {
-        let FieldKind::Nested { type_name, args: type_args, .. } = kind else {
-            self.cx.error_spanned_by(m, format!("`self.{field}` is a layer; it has no graph function `{method}`"));
+    fn nested_call(
+        &mut self,
+        sc: &mut Scope,
+        kind: &FieldKind,
+        field: &str,
+        method: &str,
+        args: &[NodeId],
+        m: &syn::ExprMethodCall,
+    ) -> Option<NodeId> {
+        let FieldKind::Nested {
+            type_name,
+            args: type_args,
+            ..
+        } = kind
+        else {
+            self.cx.error_spanned_by(
+                m,
+                format!("`self.{field}` is a layer; it has no graph function `{method}`"),
+            );
             return None;
         };
         let Some(nm) = self.nested.get(type_name).cloned() else {
@@ -462,22 +685,36 @@ impl<'a> Lowerer<'a> {
             return None;
         };
         let mut env = HashMap::new();
-        for (p, a) in nm.item.generics.params.iter().filter_map(|p| match p {
-            syn::GenericParam::Const(c) => Some(c.ident.to_string()),
-            _ => None,
-        }).zip(type_args) {
+        for (p, a) in nm
+            .item
+            .generics
+            .params
+            .iter()
+            .filter_map(|p| match p {
+                syn::GenericParam::Const(c) => Some(c.ident.to_string()),
+                _ => None,
+            })
+            .zip(type_args)
+        {
             env.insert(p, a.clone());
         }
         // The nested model was checked by its own expansion; report its failures once, here.
         let quiet = Ctxt::new();
         let inner = ModelStruct::from_item(&nm.item, &env, &quiet);
         let Some(f) = nm.graph.fns.iter().find(|f| f.name == method).cloned() else {
-            self.cx.error_spanned_by(&m.method, format!("nested model `{type_name}` has no graph function `{method}`"));
+            self.cx.error_spanned_by(
+                &m.method,
+                format!("nested model `{type_name}` has no graph function `{method}`"),
+            );
             return None;
         };
         let mut prefix = sc.prefix.clone();
         prefix.push(field.to_string());
-        let callsite = if method == "forward" && !matches!(&*m.receiver, syn::Expr::Field(_)) { format!("self.{field}(..)") } else { format!("self.{field}.{method}(..)") };
+        let callsite = if method == "forward" && !matches!(&*m.receiver, syn::Expr::Field(_)) {
+            format!("self.{field}(..)")
+        } else {
+            format!("self.{field}.{method}(..)")
+        };
         self.inline_call(&inner, &nm.graph.fns, prefix, env, &f, args, &callsite, m)
     }
 
@@ -497,11 +734,21 @@ impl<'a> Lowerer<'a> {
     ) -> Option<NodeId> {
         let key = format!("{}::{}", model.name, f.name);
         if self.stack.contains(&key) || self.stack.len() > 32 {
-            self.cx.error_spanned_by(m, format!("`{callsite}` calls itself; graph functions cannot recurse"));
+            self.cx.error_spanned_by(
+                m,
+                format!("`{callsite}` calls itself; graph functions cannot recurse"),
+            );
             return None;
         }
         if args.len() != f.inputs.len() {
-            self.cx.error_spanned_by(m, format!("`{callsite}` takes {} argument(s), found {}", f.inputs.len(), args.len()));
+            self.cx.error_spanned_by(
+                m,
+                format!(
+                    "`{callsite}` takes {} argument(s), found {}",
+                    f.inputs.len(),
+                    args.len()
+                ),
+            );
             return None;
         }
         let mut vars = HashMap::new();
@@ -535,20 +782,62 @@ impl<'a> Lowerer<'a> {
                 }
             }
             if !ok {
-                let declared: Vec<String> = inp.dims.iter().map(|d| d.to_token_stream().to_string()).collect();
-                let help = format!("`{key}` takes `{}: {}[{}]`", inp.name, if inp.dtype == ElemType::I64 { "i64" } else { "" }, declared.join(", "));
-                let err = ShapeError { arg: i, kind: ShapeErrorKind::Mismatch { axis: (expected.len() == found.len()).then(|| expected.iter().zip(&found).position(|(a, b)| a != b)).flatten(), expected, found }, help: Some(help) };
-                self.cx.error_spanned_by(&m.args[i], message(callsite, &err));
+                let declared: Vec<String> = inp
+                    .dims
+                    .iter()
+                    .map(|d| d.to_token_stream().to_string())
+                    .collect();
+                let help = format!(
+                    "`{key}` takes `{}: {}[{}]`",
+                    inp.name,
+                    if inp.dtype == ElemType::I64 {
+                        "i64"
+                    } else {
+                        ""
+                    },
+                    declared.join(", ")
+                );
+                let err = ShapeError {
+                    arg: i,
+                    kind: ShapeErrorKind::Mismatch {
+                        axis: (expected.len() == found.len())
+                            .then(|| expected.iter().zip(&found).position(|(a, b)| a != b))
+                            .flatten(),
+                        expected,
+                        found,
+                    },
+                    help: Some(help),
+                };
+                self.cx
+                    .error_spanned_by(&m.args[i], message(callsite, &err));
                 return None;
             }
-            let want = if inp.dtype == ElemType::I64 { DType::I64 } else { DType::F32 };
+            let want = if inp.dtype == ElemType::I64 {
+                DType::I64
+            } else {
+                DType::F32
+            };
             if self.graph.node(arg).dtype != want {
-                self.cx.error_spanned_by(&m.args[i], format!("dtype mismatch in `{callsite}`: argument `{}` must be {}", inp.name, if want == DType::I64 { "i64" } else { "f32" }));
+                self.cx.error_spanned_by(
+                    &m.args[i],
+                    format!(
+                        "dtype mismatch in `{callsite}`: argument `{}` must be {}",
+                        inp.name,
+                        if want == DType::I64 { "i64" } else { "f32" }
+                    ),
+                );
                 return None;
             }
             vars.insert(inp.name.to_string(), arg);
         }
-        let mut sc = Scope { model, fns, prefix, env, symbols: Vec::new(), vars };
+        let mut sc = Scope {
+            model,
+            fns,
+            prefix,
+            env,
+            symbols: Vec::new(),
+            vars,
+        };
         self.stack.push(key);
         let out = self.lower_block(&mut sc, &f.body);
         self.stack.pop();
@@ -558,7 +847,8 @@ impl<'a> Lowerer<'a> {
     /// An axis argument of the tensor of shape `shape` (negative counts from the end).
     fn axis_arg(&self, e: &syn::Expr, shape: &[Dim], what: &str) -> Option<usize> {
         let Some(v) = int_literal(e) else {
-            self.cx.error_spanned_by(e, format!("the {what} must be an integer literal"));
+            self.cx
+                .error_spanned_by(e, format!("the {what} must be an integer literal"));
             return None;
         };
         let rank = shape.len();
@@ -581,13 +871,20 @@ impl<'a> Lowerer<'a> {
             self.cx.error_spanned_by(&c.func, "expected an op name");
             return None;
         };
-        let name = fp.path.get_ident().map(|i| i.to_string()).unwrap_or_else(|| fp.path.to_token_stream().to_string());
+        let name = fp
+            .path
+            .get_ident()
+            .map(|i| i.to_string())
+            .unwrap_or_else(|| fp.path.to_token_stream().to_string());
         let callsite = format!("{name}(..)");
         let a: Vec<&syn::Expr> = c.args.iter().collect();
         let toks: Vec<&dyn ToTokens> = a.iter().map(|x| *x as &dyn ToTokens).collect();
         let nargs = |me: &Self, lo: usize, hi: usize, form: &str| -> bool {
             if a.len() < lo || a.len() > hi {
-                me.cx.error_spanned_by(e, format!("`{name}` takes {form}, found {} argument(s)", a.len()));
+                me.cx.error_spanned_by(
+                    e,
+                    format!("`{name}` takes {form}, found {} argument(s)", a.len()),
+                );
                 return false;
             }
             true
@@ -617,7 +914,8 @@ impl<'a> Lowerer<'a> {
                 }
                 let x = self.lower_expr(sc, a[0])?;
                 let Some(p) = literal(a[1]) else {
-                    self.cx.error_spanned_by(a[1], "the exponent of `pow` must be a number literal");
+                    self.cx
+                        .error_spanned_by(a[1], "the exponent of `pow` must be a number literal");
                     return None;
                 };
                 self.push(Op::PowScalar { exponent: p }, &[x], &callsite, e, &toks)
@@ -632,7 +930,9 @@ impl<'a> Lowerer<'a> {
                     if self.graph.node(y).dtype != DType::I64 {
                         let ys = fmt_shape(self.shape(y));
                         let decl = match a[1] {
-                            syn::Expr::Path(p) if p.path.get_ident().is_some() => format!("`{}: i64{ys}`", p.to_token_stream()),
+                            syn::Expr::Path(p) if p.path.get_ident().is_some() => {
+                                format!("`{}: i64{ys}`", p.to_token_stream())
+                            }
                             _ => format!("`y: i64{ys}`"),
                         };
                         self.cx.error_spanned_by(
@@ -655,11 +955,20 @@ impl<'a> Lowerer<'a> {
                 }
                 let x = self.lower_expr(sc, a[0])?;
                 let axis = self.axis_arg(a[1], &self.shape(x).clone(), "softmax axis")?;
-                let op = if name == "softmax" { Op::Softmax { axis } } else { Op::LogSoftmax { axis } };
+                let op = if name == "softmax" {
+                    Op::Softmax { axis }
+                } else {
+                    Op::LogSoftmax { axis }
+                };
                 self.push(op, &[x], &callsite, e, &toks)
             }
             "sum" | "mean" | "max" => {
-                if !nargs(self, 1, 3, "(x), (x, axis), (x, [axes]) or (x, axes, keepdim)") {
+                if !nargs(
+                    self,
+                    1,
+                    3,
+                    "(x), (x, axis), (x, [axes]) or (x, axes, keepdim)",
+                ) {
                     return None;
                 }
                 let x = self.lower_expr(sc, a[0])?;
@@ -683,7 +992,8 @@ impl<'a> Lowerer<'a> {
                         "keepdim" | "true" => true,
                         "false" => false,
                         _ => {
-                            self.cx.error_spanned_by(k, "expected `keepdim`, `true` or `false`");
+                            self.cx
+                                .error_spanned_by(k, "expected `keepdim`, `true` or `false`");
                             return None;
                         }
                     },
@@ -701,7 +1011,10 @@ impl<'a> Lowerer<'a> {
                 }
                 let x = self.lower_expr(sc, a[0])?;
                 let syn::Expr::Array(arr) = a[1] else {
-                    self.cx.error_spanned_by(a[1], "the target shape of `reshape` is a list of dimensions, e.g. `[B, 8, 8]`");
+                    self.cx.error_spanned_by(
+                        a[1],
+                        "the target shape of `reshape` is a list of dimensions, e.g. `[B, 8, 8]`",
+                    );
                     return None;
                 };
                 let mut shape = Vec::new();
@@ -738,7 +1051,10 @@ impl<'a> Lowerer<'a> {
                     if !nargs(self, 3, 3, "(x, axis_a, axis_b)") {
                         return None;
                     }
-                    let (i, j) = (self.axis_arg(a[1], &xs, "transpose axis")?, self.axis_arg(a[2], &xs, "transpose axis")?);
+                    let (i, j) = (
+                        self.axis_arg(a[1], &xs, "transpose axis")?,
+                        self.axis_arg(a[2], &xs, "transpose axis")?,
+                    );
                     let mut p: Vec<usize> = (0..rank).collect();
                     p.swap(i, j);
                     p
@@ -747,7 +1063,10 @@ impl<'a> Lowerer<'a> {
                         return None;
                     }
                     let syn::Expr::Array(arr) = a[1] else {
-                        self.cx.error_spanned_by(a[1], "the permutation is a list of axes, e.g. `[0, 2, 1]`");
+                        self.cx.error_spanned_by(
+                            a[1],
+                            "the permutation is a list of axes, e.g. `[0, 2, 1]`",
+                        );
                         return None;
                     };
                     let mut p = Vec::new();
@@ -763,14 +1082,22 @@ impl<'a> Lowerer<'a> {
                     return None;
                 }
                 let syn::Expr::Array(arr) = a[0] else {
-                    self.cx.error_spanned_by(a[0], "`concat` takes a list of tensors, e.g. `concat([a, b], 1)`");
+                    self.cx.error_spanned_by(
+                        a[0],
+                        "`concat` takes a list of tensors, e.g. `concat([a, b], 1)`",
+                    );
                     return None;
                 };
-                let parts: Vec<Option<NodeId>> = arr.elems.iter().map(|el| self.lower_expr(sc, el)).collect();
+                let parts: Vec<Option<NodeId>> =
+                    arr.elems.iter().map(|el| self.lower_expr(sc, el)).collect();
                 let parts: Vec<NodeId> = parts.into_iter().collect::<Option<_>>()?;
-                let first: Shape = parts.first().map(|&p| self.shape(p).clone()).unwrap_or_default();
+                let first: Shape = parts
+                    .first()
+                    .map(|&p| self.shape(p).clone())
+                    .unwrap_or_default();
                 let axis = self.axis_arg(a[1], &first, "concat axis")?;
-                let el_toks: Vec<&dyn ToTokens> = arr.elems.iter().map(|x| x as &dyn ToTokens).collect();
+                let el_toks: Vec<&dyn ToTokens> =
+                    arr.elems.iter().map(|x| x as &dyn ToTokens).collect();
                 self.push(Op::Concat { axis }, &parts, &callsite, e, &el_toks)
             }
             "narrow" => {
@@ -780,14 +1107,28 @@ impl<'a> Lowerer<'a> {
                 let x = self.lower_expr(sc, a[0])?;
                 let axis = self.axis_arg(a[1], &self.shape(x).clone(), "narrow axis")?;
                 let (Some(start), Some(len)) = (int_literal(a[2]), int_literal(a[3])) else {
-                    self.cx.error_spanned_by(e, "the start and length of `narrow` must be integer literals");
+                    self.cx.error_spanned_by(
+                        e,
+                        "the start and length of `narrow` must be integer literals",
+                    );
                     return None;
                 };
                 if start < 0 || len < 1 {
-                    self.cx.error_spanned_by(e, "`narrow` needs start >= 0 and len >= 1");
+                    self.cx
+                        .error_spanned_by(e, "`narrow` needs start >= 0 and len >= 1");
                     return None;
                 }
-                self.push(Op::Narrow { axis, start: start as usize, len: len as usize }, &[x], &callsite, e, &toks)
+                self.push(
+                    Op::Narrow {
+                        axis,
+                        start: start as usize,
+                        len: len as usize,
+                    },
+                    &[x],
+                    &callsite,
+                    e,
+                    &toks,
+                )
             }
             "max_pool2d" | "avg_pool2d" => {
                 if !nargs(self, 2, 4, "(x, kernel[, stride[, padding]])") {
@@ -799,7 +1140,10 @@ impl<'a> Lowerer<'a> {
                     match int_literal(v) {
                         Some(n) if n >= 0 => vals.push(n as usize),
                         _ => {
-                            self.cx.error_spanned_by(*v, "pooling sizes must be non-negative integer literals");
+                            self.cx.error_spanned_by(
+                                *v,
+                                "pooling sizes must be non-negative integer literals",
+                            );
                             return None;
                         }
                     }
@@ -808,7 +1152,19 @@ impl<'a> Lowerer<'a> {
                 let s = vals.get(1).copied().unwrap_or(k);
                 let p = vals.get(2).copied().unwrap_or(0);
                 let (kernel, stride, padding) = ([k; 2], [s; 2], [p; 2]);
-                let op = if name == "max_pool2d" { Op::MaxPool2d { kernel, stride, padding } } else { Op::AvgPool2d { kernel, stride, padding } };
+                let op = if name == "max_pool2d" {
+                    Op::MaxPool2d {
+                        kernel,
+                        stride,
+                        padding,
+                    }
+                } else {
+                    Op::AvgPool2d {
+                        kernel,
+                        stride,
+                        padding,
+                    }
+                };
                 self.push(op, &[x], &callsite, e, &toks)
             }
             "dropout" => {
@@ -817,15 +1173,21 @@ impl<'a> Lowerer<'a> {
                 }
                 let x = self.lower_expr(sc, a[0])?;
                 let Some(p) = literal(a[1]) else {
-                    self.cx.error_spanned_by(a[1], "the dropout probability must be a number literal");
+                    self.cx
+                        .error_spanned_by(a[1], "the dropout probability must be a number literal");
                     return None;
                 };
                 let mask = self.push(Op::DropoutMask { p }, &[x], &callsite, e, &[a[1]])?;
                 self.push(Op::Mul, &[x, mask], &callsite, e, &toks)
             }
             _ => {
-                let help = suggest(&name).map(|s| format!("did you mean `{s}`? ")).unwrap_or_default();
-                self.cx.error_spanned_by(&c.func, format!("unknown op `{name}` in graph!\n\n= help: {help}{OPS_HELP}"));
+                let help = suggest(&name)
+                    .map(|s| format!("did you mean `{s}`? "))
+                    .unwrap_or_default();
+                self.cx.error_spanned_by(
+                    &c.func,
+                    format!("unknown op `{name}` in graph!\n\n= help: {help}{OPS_HELP}"),
+                );
                 None
             }
         }
@@ -833,9 +1195,32 @@ impl<'a> Lowerer<'a> {
 }
 
 const OP_NAMES: &[&str] = &[
-    "relu", "gelu", "tanh", "sigmoid", "exp", "log", "sqrt", "neg", "pow", "matmul", "sum", "mean", "max", "softmax",
-    "log_softmax", "cross_entropy", "mse", "reshape", "flatten", "transpose", "permute", "concat", "narrow",
-    "max_pool2d", "avg_pool2d", "dropout",
+    "relu",
+    "gelu",
+    "tanh",
+    "sigmoid",
+    "exp",
+    "log",
+    "sqrt",
+    "neg",
+    "pow",
+    "matmul",
+    "sum",
+    "mean",
+    "max",
+    "softmax",
+    "log_softmax",
+    "cross_entropy",
+    "mse",
+    "reshape",
+    "flatten",
+    "transpose",
+    "permute",
+    "concat",
+    "narrow",
+    "max_pool2d",
+    "avg_pool2d",
+    "dropout",
 ];
 
 /// The closest op name within edit distance 2.
@@ -851,19 +1236,28 @@ fn closest<'c>(name: &str, candidates: &[&'c str]) -> Option<&'c str> {
         for i in 1..=a.len() {
             let mut cur = vec![i; b.len() + 1];
             for j in 1..=b.len() {
-                cur[j] = (prev[j] + 1).min(cur[j - 1] + 1).min(prev[j - 1] + usize::from(a[i - 1] != b[j - 1]));
+                cur[j] = (prev[j] + 1)
+                    .min(cur[j - 1] + 1)
+                    .min(prev[j - 1] + usize::from(a[i - 1] != b[j - 1]));
             }
             prev = cur;
         }
         prev[b.len()]
     }
-    candidates.iter().map(|o| (dist(name, o), *o)).filter(|(d, _)| *d <= 2 && *d < name.len()).min_by_key(|(d, _)| *d).map(|(_, o)| o)
+    candidates
+        .iter()
+        .map(|o| (dist(name, o), *o))
+        .filter(|(d, _)| *d <= 2 && *d < name.len())
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, o)| o)
 }
 
 /// "shape mismatch in `self.fc2(..)`: expected [B, 127], found [B, 128]" plus a help line.
 pub fn message(callsite: &str, e: &ShapeError) -> String {
     let head = match &e.kind {
-        ShapeErrorKind::Mismatch { .. } | ShapeErrorKind::Broadcast { .. } => format!("shape mismatch in `{callsite}`: {}", e.detail()),
+        ShapeErrorKind::Mismatch { .. } | ShapeErrorKind::Broadcast { .. } => {
+            format!("shape mismatch in `{callsite}`: {}", e.detail())
+        }
         ShapeErrorKind::Invalid(m) => format!("invalid `{callsite}`: {m}"),
     };
     match &e.help {
@@ -885,8 +1279,14 @@ fn member_name(m: &syn::Member) -> String {
 
 fn literal(e: &syn::Expr) -> Option<f64> {
     match e {
-        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Float(f), .. }) => f.base10_parse().ok(),
-        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse().ok(),
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Float(f),
+            ..
+        }) => f.base10_parse().ok(),
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(i),
+            ..
+        }) => i.base10_parse().ok(),
         syn::Expr::Unary(u) if matches!(u.op, syn::UnOp::Neg(_)) => literal(&u.expr).map(|v| -v),
         syn::Expr::Paren(p) => literal(&p.expr),
         _ => None,
@@ -895,8 +1295,13 @@ fn literal(e: &syn::Expr) -> Option<f64> {
 
 fn int_literal(e: &syn::Expr) -> Option<i64> {
     match e {
-        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse().ok(),
-        syn::Expr::Unary(u) if matches!(u.op, syn::UnOp::Neg(_)) => int_literal(&u.expr).map(|v| -v),
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(i),
+            ..
+        }) => i.base10_parse().ok(),
+        syn::Expr::Unary(u) if matches!(u.op, syn::UnOp::Neg(_)) => {
+            int_literal(&u.expr).map(|v| -v)
+        }
         syn::Expr::Paren(p) => int_literal(&p.expr),
         _ => None,
     }
