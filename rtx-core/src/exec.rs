@@ -75,11 +75,11 @@ fn bind(env: &mut HashMap<String, i64>, name: &str, shape: &[Dim], t: &Tensor) -
         return Err(mismatch());
     }
     for (d, &n) in shape.iter().zip(t.shape()) {
-        if let Some(Atom::Sym(s)) = d.as_single_atom() {
-            if !env.contains_key(s) {
-                env.insert(s.clone(), n as i64);
-                continue;
-            }
+        if let Some(Atom::Sym(s)) = d.as_single_atom()
+            && !env.contains_key(s)
+        {
+            env.insert(s.clone(), n as i64);
+            continue;
         }
         if eval(d, env)? != n {
             return Err(mismatch());

@@ -277,10 +277,11 @@ fn window_dims(
         let n = &x[2 + i];
         let o = window_out(n, kernel[i], stride[i], padding[i]);
         let room = n.add(&Dim::known(2 * padding[i])).sub(kernel[i]);
-        if let Some(r) = room.as_const() {
-            if r < 0 {
-                let axis = if i == 0 { "height" } else { "width" };
-                return Err(ShapeError::invalid(
+        if let Some(r) = room.as_const()
+            && r < 0
+        {
+            let axis = if i == 0 { "height" } else { "width" };
+            return Err(ShapeError::invalid(
                     0,
                     format!(
                         "{op} output {axis} would be below 1: input {axis} {n} with padding {} is smaller than the kernel {}",
@@ -288,7 +289,6 @@ fn window_dims(
                     ),
                 )
                 .with_help("use a smaller kernel, more padding, or a larger input"));
-            }
         }
         out[i] = o;
     }
@@ -545,16 +545,16 @@ pub fn infer(
         Op::Narrow { axis, start, len } => {
             let x = sh(0);
             check_axes(&[*axis], x.len(), "narrow")?;
-            if let Some(n) = x[*axis].as_known() {
-                if start + len > n {
-                    return Err(ShapeError::invalid(
-                        0,
-                        format!(
-                            "narrow {start}..{} is out of range for dimension {axis} of size {n}",
-                            start + len
-                        ),
-                    ));
-                }
+            if let Some(n) = x[*axis].as_known()
+                && start + len > n
+            {
+                return Err(ShapeError::invalid(
+                    0,
+                    format!(
+                        "narrow {start}..{} is out of range for dimension {axis} of size {n}",
+                        start + len
+                    ),
+                ));
             }
             let mut out = x.clone();
             out[*axis] = Dim::known(*len);
@@ -679,16 +679,16 @@ pub fn infer(
                 expected[*axis] = g[*axis].clone();
             }
             need_grad_shape(0, expected, g, d.name, u)?;
-            if let (Some(len), Some(n)) = (g[*axis].as_known(), full[*axis].as_known()) {
-                if start + len > n {
-                    return Err(ShapeError::invalid(
-                        0,
-                        format!(
-                            "pad_narrow {start}..{} is out of range for dimension {axis} of size {n}",
-                            start + len
-                        ),
-                    ));
-                }
+            if let (Some(len), Some(n)) = (g[*axis].as_known(), full[*axis].as_known())
+                && start + len > n
+            {
+                return Err(ShapeError::invalid(
+                    0,
+                    format!(
+                        "pad_narrow {start}..{} is out of range for dimension {axis} of size {n}",
+                        start + len
+                    ),
+                ));
             }
             f32_out(full.clone())
         }

@@ -299,7 +299,7 @@ fn emit_bindings(model: &ModelStruct, f: &GraphFnDef, ir: &GraphFn) -> TokenStre
             .graph
             .nodes
             .iter()
-            .find(|n| matches!(&n.op, Op::Input { name, .. } if *name == inp.name.to_string()));
+            .find(|n| matches!(&n.op, Op::Input { name, .. } if inp.name == name.as_str()));
         let Some(node) = node else { continue };
         let arg = &inp.name;
         let arg_name = arg.to_string();

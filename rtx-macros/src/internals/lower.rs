@@ -442,18 +442,17 @@ impl<'a> Lowerer<'a> {
             return None;
         }
         // self.nested.graph_fn(x..)
-        if let syn::Expr::Field(f) = &*m.receiver {
-            if is_self(&f.base) {
-                let name = member_name(&f.member);
-                let Some(field) = sc.model.field(&name).cloned() else {
-                    self.unknown_field(sc, &f.member, &name);
-                    return None;
-                };
-                let args: Vec<Option<NodeId>> =
-                    m.args.iter().map(|a| self.lower_expr(sc, a)).collect();
-                let args: Vec<NodeId> = args.into_iter().collect::<Option<_>>()?;
-                return self.nested_call(sc, &field.kind, &name, &method, &args, m);
-            }
+        if let syn::Expr::Field(f) = &*m.receiver
+            && is_self(&f.base)
+        {
+            let name = member_name(&f.member);
+            let Some(field) = sc.model.field(&name).cloned() else {
+                self.unknown_field(sc, &f.member, &name);
+                return None;
+            };
+            let args: Vec<Option<NodeId>> = m.args.iter().map(|a| self.lower_expr(sc, a)).collect();
+            let args: Vec<NodeId> = args.into_iter().collect::<Option<_>>()?;
+            return self.nested_call(sc, &field.kind, &name, &method, &args, m);
         }
         self.cx.error_spanned_by(e, format!("unknown method `.{method}()` in graph!: ops are written as functions, e.g. `{method}(x)`"));
         None
@@ -758,14 +757,15 @@ impl<'a> Lowerer<'a> {
             let mut ok = found.len() == inp.dims.len();
             for (j, d) in inp.dims.iter().enumerate() {
                 // A bare symbol of the callee binds to the caller's dimension on first use.
-                if let syn::Expr::Path(p) = d {
-                    if let Some(id) = p.path.get_ident() {
-                        let name = id.to_string();
-                        if f.symbols.iter().any(|s| *s == name) && !env.contains_key(&name) {
-                            if let Some(fd) = found.get(j) {
-                                env.insert(name, fd.clone());
-                            }
-                        }
+                if let syn::Expr::Path(p) = d
+                    && let Some(id) = p.path.get_ident()
+                {
+                    let name = id.to_string();
+                    if f.symbols.iter().any(|s| *s == name)
+                        && !env.contains_key(&name)
+                        && let Some(fd) = found.get(j)
+                    {
+                        env.insert(name, fd.clone());
                     }
                 }
                 match dim_from_expr(d, &[], &model.const_params, &env) {
@@ -926,21 +926,21 @@ impl<'a> Lowerer<'a> {
                 }
                 let x = self.lower_expr(sc, a[0]);
                 let y = self.lower_expr(sc, a[1]);
-                if let (Some(y), "cross_entropy") = (y, name.as_str()) {
-                    if self.graph.node(y).dtype != DType::I64 {
-                        let ys = fmt_shape(self.shape(y));
-                        let decl = match a[1] {
-                            syn::Expr::Path(p) if p.path.get_ident().is_some() => {
-                                format!("`{}: i64{ys}`", p.to_token_stream())
-                            }
-                            _ => format!("`y: i64{ys}`"),
-                        };
-                        self.cx.error_spanned_by(
+                if let (Some(y), "cross_entropy") = (y, name.as_str())
+                    && self.graph.node(y).dtype != DType::I64
+                {
+                    let ys = fmt_shape(self.shape(y));
+                    let decl = match a[1] {
+                        syn::Expr::Path(p) if p.path.get_ident().is_some() => {
+                            format!("`{}: i64{ys}`", p.to_token_stream())
+                        }
+                        _ => format!("`y: i64{ys}`"),
+                    };
+                    self.cx.error_spanned_by(
                             a[1],
                             format!("dtype mismatch in `cross_entropy(..)`: the labels must be integer class indices (i64), found a float tensor of shape {ys}\n\n= help: declare the labels as integers in the signature, e.g. {decl}"),
                         );
-                        return None;
-                    }
+                    return None;
                 }
                 let op = match name.as_str() {
                     "matmul" => Op::MatMul,
