@@ -7,25 +7,22 @@
 use rtx_core::{DType, Tensor};
 use rtx_ir::reference::Array;
 
-/// SplitMix64: tiny, seedable and identical on every platform, so failures reproduce.
-pub struct Rng(u64);
+/// Test-data generator over the runtime's own seeded `rtx_core::Rng` (splitmix64), so
+/// failures reproduce on every platform.
+pub struct Rng(rtx_core::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(rtx_core::Rng::new(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in [0, 1).
     pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.next_f64()
     }
 
     /// Uniform in [lo, hi), rounded to f32.
@@ -35,7 +32,7 @@ impl Rng {
 
     /// An index in 0..n.
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
+        self.0.below(n)
     }
 
     pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
