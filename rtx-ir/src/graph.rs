@@ -123,7 +123,51 @@ impl ModelIr {
                 ir.version
             ));
         }
+        ir.validate()?;
         Ok(ir)
+    }
+
+    /// Structural checks a hand-edited or corrupt file can fail, so that executing it can only
+    /// fail with an error, never index out of bounds: arguments come before their node, arity
+    /// matches the op table, and outputs and gradients name existing nodes.
+    pub fn validate(&self) -> Result<(), String> {
+        for f in &self.functions {
+            let n = f.graph.len();
+            for (i, node) in f.graph.nodes.iter().enumerate() {
+                if let Some(&a) = node.args.iter().find(|&&a| a >= i) {
+                    return Err(format!(
+                        "function `{}`: node %{i} uses %{a}, which does not come before it",
+                        f.name
+                    ));
+                }
+                let arity = node.op.def().arity;
+                let arity_ok = if arity == usize::MAX {
+                    !node.args.is_empty()
+                } else {
+                    node.args.len() == arity
+                };
+                if !arity_ok {
+                    return Err(format!(
+                        "function `{}`: node %{i} ({}) has {} argument(s)",
+                        f.name,
+                        node.op.name(),
+                        node.args.len()
+                    ));
+                }
+            }
+            let in_range = |id: NodeId| id < n;
+            let grads_ok = f
+                .grads
+                .iter()
+                .all(|g| in_range(g.leaf) && g.grad.is_none_or(in_range));
+            if !in_range(f.output) || f.forward_len > n || !grads_ok {
+                return Err(format!(
+                    "function `{}`: output, forward length or a gradient names a node outside 0..{n}",
+                    f.name
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// A readable listing: one line per node, `%3 = matmul(%1, %2) : [B, 128]`.

@@ -1098,3 +1098,38 @@ fn no_op_panics_on_arbitrary_arguments() {
         }
     }
 }
+
+#[test]
+fn model_ir_with_an_argument_after_its_node_is_rejected_on_load() {
+    use rtx_ir::{GraphFn, IR_VERSION, ModelIr};
+    let mut g = Graph::default();
+    let mut u = Unifier::default();
+    let x = g
+        .push(
+            Op::Input {
+                index: 0,
+                name: "x".into(),
+                shape: vec![Dim::known(2)],
+                dtype: DType::F32,
+            },
+            &[],
+            &mut u,
+        )
+        .unwrap();
+    let y = g.push(Op::Relu, &[x], &mut u).unwrap();
+    g.nodes[y].args = vec![5];
+    let ir = ModelIr {
+        version: IR_VERSION,
+        model: "M".into(),
+        functions: vec![GraphFn {
+            name: "f".into(),
+            symbols: vec![],
+            graph: g,
+            output: y,
+            forward_len: 2,
+            grads: vec![],
+        }],
+    };
+    let err = ModelIr::from_json(&ir.to_json().unwrap()).unwrap_err();
+    assert!(err.contains("node %1 uses %5"), "{err}");
+}
