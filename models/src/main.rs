@@ -6,9 +6,9 @@
 use clap::{Parser, Subcommand, ValueEnum};
 use models::cnn::Cnn;
 use models::mlp::Mlp;
-use models::train::{Classifier, TrainConfig, TrainReport, train};
+use models::train::{Classifier, TrainConfig, TrainReport, held_out_accuracy, train};
 use rtx_core::prelude::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -36,6 +36,27 @@ enum Command {
         #[arg(long)]
         save: Option<PathBuf>,
     },
+    /// Load weights from a safetensors file and report held-out accuracy.
+    Eval {
+        #[arg(long, value_enum, default_value_t = Which::Mlp)]
+        model: Which,
+        #[arg(long)]
+        load: PathBuf,
+    },
+    /// Print the graph IR the compiler built for a model (forward and backward nodes).
+    Graph {
+        #[arg(long, value_enum, default_value_t = Which::Mlp)]
+        model: Which,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+    Dot,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -55,35 +76,86 @@ fn run<M: Classifier>(cfg: &TrainConfig, save: Option<PathBuf>) -> Result<TrainR
     Ok(report)
 }
 
+fn eval<M: Classifier>(path: &Path) -> Result<()> {
+    let mut model = M::init(0);
+    model.load_safetensors(path)?;
+    let accuracy = held_out_accuracy(&model)?;
+    println!(
+        "eval: model={} weights={} test_accuracy={accuracy:.4}",
+        M::NAME,
+        path.display()
+    );
+    Ok(())
+}
+
+fn print_graph(ir: rtx_core::ir::ModelIr, format: Format) -> Result<()> {
+    match format {
+        Format::Text => print!("{}", ir.to_text()),
+        Format::Dot => print!("{}", ir.to_dot()),
+        Format::Json => println!("{}", ir.to_json().map_err(RtxError::Invalid)?),
+    }
+    Ok(())
+}
+
+fn train_and_report(which: Which, cfg: &TrainConfig, save: Option<PathBuf>) -> Result<()> {
+    let r = match which {
+        Which::Mlp => run::<Mlp>(cfg, save),
+        Which::Cnn => run::<Cnn>(cfg, save),
+    }?;
+    println!(
+        "final: model={} test_accuracy={:.4} epochs={} seconds={:.1}",
+        r.model, r.test_accuracy, r.epochs, r.seconds
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (which, epochs, seed, save) = match cli.command {
+    let result = match cli.command {
+        None => train_and_report(
+            Which::Mlp,
+            &TrainConfig {
+                epochs: None,
+                seed: 0,
+                progress: true,
+                verbose: true,
+            },
+            None,
+        ),
         Some(Command::Train {
             model,
             epochs,
             seed,
             save,
-        }) => (model, epochs, seed, save),
-        None => (Which::Mlp, None, 0, None),
-    };
-    let cfg = TrainConfig {
-        epochs,
-        seed,
-        progress: true,
-        verbose: true,
-    };
-    let result = match which {
-        Which::Mlp => run::<Mlp>(&cfg, save),
-        Which::Cnn => run::<Cnn>(&cfg, save),
+        }) => train_and_report(
+            model,
+            &TrainConfig {
+                epochs,
+                seed,
+                progress: true,
+                verbose: true,
+            },
+            save,
+        ),
+        Some(Command::Eval {
+            model: Which::Mlp,
+            load,
+        }) => eval::<Mlp>(&load),
+        Some(Command::Eval {
+            model: Which::Cnn,
+            load,
+        }) => eval::<Cnn>(&load),
+        Some(Command::Graph {
+            model: Which::Mlp,
+            format,
+        }) => Mlp::graph().and_then(|ir| print_graph(ir, format)),
+        Some(Command::Graph {
+            model: Which::Cnn,
+            format,
+        }) => Cnn::graph().and_then(|ir| print_graph(ir, format)),
     };
     match result {
-        Ok(r) => {
-            println!(
-                "final: model={} test_accuracy={:.4} epochs={} seconds={:.1}",
-                r.model, r.test_accuracy, r.epochs, r.seconds
-            );
-            ExitCode::SUCCESS
-        }
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

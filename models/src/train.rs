@@ -134,13 +134,25 @@ pub fn standardize(d: &mut Digits, mean: &[f32], std: &[f32]) {
     }
 }
 
-/// Trains a fresh `M` (seeded) with Adam and returns it with the report.
-pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
+/// The fixed train/test split, both standardized with the training set's pixel statistics:
+/// what training sees and what every accuracy figure is measured on.
+pub fn prepared_split() -> Result<(Digits, Digits)> {
     let data = load_digits().map_err(to_error)?;
     let (mut train_set, mut test_set) = data.split(TEST_FRACTION, SPLIT_SEED);
     let (mean, std) = pixel_stats(&train_set);
     standardize(&mut train_set, &mean, &std);
     standardize(&mut test_set, &mean, &std);
+    Ok((train_set, test_set))
+}
+
+/// Accuracy of `model` on the held-out split, prepared as in training.
+pub fn held_out_accuracy<M: Classifier>(model: &M) -> Result<f64> {
+    accuracy(model, &prepared_split()?.1)
+}
+
+/// Trains a fresh `M` (seeded) with Adam and returns it with the report.
+pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
+    let (train_set, test_set) = prepared_split()?;
     let (default_epochs, batch, lr) = M::defaults();
     let epochs = cfg.epochs.unwrap_or(default_epochs);
     let mut model = M::init(cfg.seed);
