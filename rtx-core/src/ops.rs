@@ -297,6 +297,12 @@ pub fn run_op(op: &Op, args: &[&Tensor], ctx: &mut Ctx) -> Result<Tensor> {
                 &out_shape,
             )
         }
+        Op::ConcatGrad { axis, index } => {
+            // The shape rule checked `g` against the parts, so the slice is in range.
+            let start: usize = args[1..1 + index].iter().map(|t| t.shape()[*axis]).sum();
+            let len = args[1 + index].shape()[*axis];
+            a(0).with_layout(a(0).layout().narrow(*axis, start, len))
+        }
         Op::SumTo => {
             let (dg, lg) = f32s(a(0), op)?;
             Tensor::from_kernel(cpu::sum_to(dg, lg, &out_shape), &out_shape)

@@ -147,6 +147,7 @@ fn test_of(op: &Op) -> Option<&'static str> {
         Op::AvgPool2dGrad { .. } => "avg_pool2d_grad_matches_reference",
         Op::PadNarrow { .. } => "pad_narrow_matches_reference",
         Op::EmbeddingGrad => "embedding_grad_matches_reference",
+        Op::ConcatGrad { .. } => "concat_grad_matches_reference",
     })
 }
 
@@ -838,6 +839,26 @@ fn sum_to_matches_reference() {
     check(&Op::SumTo, &[&g, &g]);
     let p = permuted(&rng.tensor(&[4, 2, 3]), &[1, 2, 0]);
     check(&Op::SumTo, &[&p, &rng.tensor(&[2, 1, 4])]);
+}
+
+#[test]
+fn concat_grad_matches_reference() {
+    let mut rng = Rng::new(39);
+    let parts = [
+        rng.tensor(&[2, 3]),
+        rng.tensor(&[2, 1]),
+        rng.tensor(&[2, 4]),
+    ];
+    let g = rng.tensor(&[2, 8]);
+    let args: Vec<&Tensor> = std::iter::once(&g).chain(&parts).collect();
+    for index in 0..3 {
+        check(&Op::ConcatGrad { axis: 1, index }, &args);
+    }
+    let gt = permuted(&rng.tensor(&[8, 2]), &[1, 0]);
+    check(
+        &Op::ConcatGrad { axis: 1, index: 2 },
+        &[&gt, &parts[0], &parts[1], &parts[2]],
+    );
 }
 
 #[test]

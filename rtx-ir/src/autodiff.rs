@@ -10,9 +10,16 @@ use crate::graph::{GradOf, Graph, NodeId};
 use crate::infer::{ShapeError, Unifier};
 use crate::op::{DType, Op};
 
-/// Appends the backward pass of scalar node `output` and returns the gradient of every float
-/// leaf (parameter or input) in node order.
-pub fn differentiate(graph: &mut Graph, output: NodeId) -> Result<Vec<GradOf>, String> {
+/// Appends the backward pass of scalar node `output` and returns the gradient of each leaf in
+/// `wrt` (parameters, and inputs the user asked for), in the order given.
+///
+/// The vector-Jacobian rules build the gradient of every argument of every op, including
+/// ones nobody reads (the data input, a dropout mask); `remove_dead_nodes` drops them after.
+pub fn differentiate(
+    graph: &mut Graph,
+    output: NodeId,
+    wrt: &[NodeId],
+) -> Result<Vec<GradOf>, String> {
     if !graph.node(output).shape.is_empty() {
         return Err(format!(
             "only a scalar output can be differentiated, this one has shape {}",
@@ -20,6 +27,19 @@ pub fn differentiate(graph: &mut Graph, output: NodeId) -> Result<Vec<GradOf>, S
         ));
     }
     let forward_len = graph.len();
+    // Only nodes on a path from a `wrt` leaf to the output carry a gradient.
+    let mut needs = vec![false; forward_len];
+    for &leaf in wrt {
+        if leaf < forward_len && graph.node(leaf).dtype == DType::F32 {
+            needs[leaf] = true;
+        }
+    }
+    for id in 0..forward_len {
+        let n = graph.node(id);
+        if !n.op.is_random() && n.args.iter().any(|&a| needs[a]) {
+            needs[id] = true;
+        }
+    }
     let mut u = Unifier::default();
     let mut grads: Vec<Option<NodeId>> = vec![None; forward_len];
     grads[output] = Some(
@@ -29,11 +49,17 @@ pub fn differentiate(graph: &mut Graph, output: NodeId) -> Result<Vec<GradOf>, S
     );
     for id in (0..forward_len).rev() {
         let Some(g) = grads[id] else { continue };
+        if !needs[id] {
+            continue;
+        }
         let arg_grads =
             vjp(graph, id, g, &mut u).map_err(|e| format!("while differentiating %{id}: {e}"))?;
         let args = graph.node(id).args.clone();
         for (arg, ag) in args.into_iter().zip(arg_grads) {
             let Some(ag) = ag else { continue };
+            if !needs[arg] {
+                continue;
+            }
             grads[arg] = Some(match grads[arg] {
                 None => ag,
                 Some(prev) => graph
@@ -42,16 +68,24 @@ pub fn differentiate(graph: &mut Graph, output: NodeId) -> Result<Vec<GradOf>, S
             });
         }
     }
-    Ok((0..forward_len)
+    Ok(wrt
+        .iter()
+        .map(|&leaf| GradOf {
+            leaf,
+            grad: grads.get(leaf).copied().flatten(),
+        })
+        .collect())
+}
+
+/// Every float parameter and input of the forward graph: what `differentiate` takes when
+/// all gradients are wanted (tests, the IR executor).
+pub fn float_leaves(graph: &Graph) -> Vec<NodeId> {
+    (0..graph.len())
         .filter(|&i| {
             let n = graph.node(i);
             matches!(n.op, Op::Param { .. } | Op::Input { .. }) && n.dtype == DType::F32
         })
-        .map(|leaf| GradOf {
-            leaf,
-            grad: grads[leaf],
-        })
-        .collect())
+        .collect()
 }
 
 /// Builds nodes while differentiating; every node built here passed its shape rule.
@@ -302,30 +336,17 @@ fn vjp(
             }
             one(b.op(Op::Permute { perm: inv }, &[g]).map_err(e)?)
         }
+        // The parts are shape witnesses, so the slice bounds may be symbolic.
         Op::Concat { axis } => {
-            let mut out = Vec::new();
-            let mut start = 0usize;
-            for &a in &node.args {
-                let len = b.g.node(a).shape[*axis].as_known().ok_or_else(|| {
-                    format!(
-                        "concat along a symbolic axis ({}) cannot be differentiated yet",
-                        b.g.node(a).shape[*axis]
-                    )
-                })?;
-                out.push(Some(
-                    b.op(
-                        Op::Narrow {
-                            axis: *axis,
-                            start,
-                            len,
-                        },
-                        &[g],
-                    )
-                    .map_err(e)?,
-                ));
-                start += len;
-            }
-            Ok(out)
+            let mut with_parts = vec![g];
+            with_parts.extend(&node.args);
+            (0..node.args.len())
+                .map(|index| {
+                    b.op(Op::ConcatGrad { axis: *axis, index }, &with_parts)
+                        .map(Some)
+                        .map_err(e)
+                })
+                .collect()
         }
         Op::Narrow { axis, start, .. } => one(b
             .op(
@@ -350,6 +371,7 @@ fn vjp(
         | Op::MaxPool2dGrad { .. }
         | Op::AvgPool2dGrad { .. }
         | Op::PadNarrow { .. }
+        | Op::ConcatGrad { .. }
         | Op::EmbeddingGrad => Err(format!(
             "`{}` is a backward op; second derivatives are not supported",
             node.op.name()

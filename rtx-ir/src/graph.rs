@@ -57,8 +57,12 @@ impl Graph {
     }
 
     /// Finds an identical earlier node (same op, same args) so repeated sub-expressions and
-    /// repeated parameter reads share one value.
+    /// repeated parameter reads share one value. Random ops never match: two `dropout` calls
+    /// on one value draw two masks.
     pub fn find(&self, op: &Op, args: &[NodeId]) -> Option<NodeId> {
+        if op.is_random() {
+            return None;
+        }
         self.nodes
             .iter()
             .position(|n| &n.op == op && n.args == args)
@@ -97,6 +101,55 @@ pub struct GraphFn {
     pub forward_len: usize,
     /// Gradients of the (scalar) output with respect to every float leaf, when derived.
     pub grads: Vec<GradOf>,
+}
+
+impl GraphFn {
+    /// Dead-code elimination: keeps the output, the gradients and what they read, plus every
+    /// input and parameter leaf (inputs are bound and checked even when unused); renumbers
+    /// the survivors in their order, so the graph stays topologically sorted.
+    pub fn remove_dead_nodes(&mut self) {
+        let n = self.graph.len();
+        let mut live = vec![false; n];
+        let mut stack: Vec<NodeId> = vec![self.output];
+        stack.extend(self.grads.iter().filter_map(|g| g.grad));
+        for (i, node) in self.graph.nodes.iter().enumerate() {
+            if matches!(node.op, Op::Input { .. } | Op::Param { .. }) {
+                stack.push(i);
+            }
+        }
+        while let Some(id) = stack.pop() {
+            if id >= n || live[id] {
+                continue;
+            }
+            live[id] = true;
+            stack.extend(&self.graph.nodes[id].args);
+        }
+        let mut new_id = vec![usize::MAX; n];
+        let mut kept = Vec::with_capacity(n);
+        for (i, node) in std::mem::take(&mut self.graph.nodes)
+            .into_iter()
+            .enumerate()
+        {
+            if live[i] {
+                new_id[i] = kept.len();
+                let mut node = node;
+                for a in &mut node.args {
+                    *a = new_id[*a];
+                }
+                kept.push(node);
+            }
+        }
+        self.forward_len = live[..self.forward_len.min(n)]
+            .iter()
+            .filter(|&&l| l)
+            .count();
+        self.output = new_id[self.output];
+        for g in &mut self.grads {
+            g.leaf = new_id[g.leaf];
+            g.grad = g.grad.map(|id| new_id[id]);
+        }
+        self.graph.nodes = kept;
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -277,6 +330,7 @@ fn describe(n: &Node) -> String {
         Op::Permute { perm } => format!(" {perm:?}"),
         Op::Narrow { axis, start, len } => format!(" axis={axis} {start}..{}", start + len),
         Op::PadNarrow { axis, start } => format!(" axis={axis} at {start}"),
+        Op::ConcatGrad { axis, index } => format!(" axis={axis} part={index}"),
         Op::DropoutMask { p } => format!(" p={p}"),
         _ => String::new(),
     };

@@ -692,6 +692,26 @@ pub fn infer(
             }
             f32_out(full.clone())
         }
+        Op::ConcatGrad { axis, index } => {
+            let parts = args.get(1..).unwrap_or_default();
+            if *index >= parts.len() {
+                return Err(ShapeError::invalid(
+                    0,
+                    format!(
+                        "concat_grad takes part {index} of {} concatenated tensors",
+                        parts.len()
+                    ),
+                ));
+            }
+            let joined = forward_shape(
+                &Op::Concat { axis: *axis },
+                args,
+                &(1..args.len()).collect::<Vec<_>>(),
+                u,
+            )?;
+            need_grad_shape(0, joined, sh(0), d.name, u)?;
+            f32_out(parts[*index].0.clone())
+        }
     }
 }
 

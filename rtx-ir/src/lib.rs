@@ -17,7 +17,7 @@ pub mod infer;
 pub mod op;
 pub mod reference;
 
-pub use autodiff::differentiate;
+pub use autodiff::{differentiate, float_leaves};
 pub use dim::{Atom, Dim};
 pub use graph::{GradOf, Graph, GraphFn, IR_VERSION, ModelIr, Node, NodeId};
 pub use infer::{ShapeError, ShapeErrorKind, Unifier, broadcast, fmt_shape, infer};

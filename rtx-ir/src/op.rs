@@ -180,6 +180,13 @@ pub enum Op {
     },
     /// `(g, ids, table_like) -> table-shaped`, rows of g added at ids.
     EmbeddingGrad,
+    /// `(g, part_0, .., part_n) -> part_index-shaped`: the slice of `g` along `axis` that
+    /// `part_index` occupied in `concat(part_0, .., part_n)`. The parts are shape witnesses,
+    /// so the slice bounds may be symbolic.
+    ConcatGrad {
+        axis: usize,
+        index: usize,
+    },
 }
 
 /// How an op touches memory; the fusion planner and the cost model read this.
@@ -268,11 +275,18 @@ impl Op {
             Op::AvgPool2dGrad { .. } => def("avg_pool2d_grad", 2, Other, 1.0),
             Op::PadNarrow { .. } => def("pad_narrow", 2, Layout, 0.0),
             Op::EmbeddingGrad => def("embedding_grad", 3, Other, 1.0),
+            Op::ConcatGrad { .. } => def("concat_grad", usize::MAX, Layout, 0.0),
         }
     }
 
     pub fn name(&self) -> &'static str {
         self.def().name
+    }
+
+    /// Ops that draw random numbers: two calls are two draws, so they are never merged as
+    /// common subexpressions and their outputs have no gradient.
+    pub fn is_random(&self) -> bool {
+        matches!(self, Op::DropoutMask { .. })
     }
 
     /// Rough floating-point operation count, given the output element count and, for

@@ -1269,6 +1269,18 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         } => avg_pool2d_grad(x(0), x(1), *kernel, *stride, *padding),
         Op::PadNarrow { axis, start } => pad_narrow(x(0), x(1), *axis, *start),
         Op::EmbeddingGrad => embedding_grad(x(0), x(1), x(2)),
+        Op::ConcatGrad { axis, index } => {
+            let parts = args.get(1..).unwrap_or_default();
+            let part = parts
+                .get(*index)
+                .ok_or_else(|| format!("concat_grad: no part {index} among {}", parts.len()))?;
+            need_axis(*axis, part.shape.len(), "concat_grad")?;
+            let start = parts[..*index]
+                .iter()
+                .map(|p| p.shape.get(*axis).copied().unwrap_or(0))
+                .sum();
+            narrow(x(0), *axis, start, part.shape[*axis])
+        }
     }
 }
 

@@ -247,7 +247,25 @@ fn lower_fn(
         grads: Vec::new(),
     };
     if ir.graph.node(out).shape.is_empty() {
-        match rtx_ir::differentiate(&mut ir.graph, out) {
+        // Gradients for the parameters, and for the inputs marked `#[grad]`; nothing else.
+        let mut wrt = Vec::new();
+        for (id, node) in ir.graph.nodes.iter().enumerate() {
+            match &node.op {
+                Op::Param { .. } => wrt.push(id),
+                Op::Input { index, .. } if f.inputs.get(*index).is_some_and(|i| i.grad) => {
+                    if node.dtype != rtx_ir::DType::F32 {
+                        cx.error_spanned_by(
+                            &f.inputs[*index].name,
+                            "`#[grad]` on an integer input: integers have no gradient",
+                        );
+                        return None;
+                    }
+                    wrt.push(id);
+                }
+                _ => {}
+            }
+        }
+        match rtx_ir::differentiate(&mut ir.graph, out, &wrt) {
             Ok(g) => ir.grads = g,
             Err(e) => {
                 cx.error_spanned_by(&f.name, format!("cannot differentiate `{}`: {e}", f.name));
@@ -255,6 +273,7 @@ fn lower_fn(
             }
         }
     }
+    ir.remove_dead_nodes();
     Some((ir, lw.params, lw.obligations))
 }
 
@@ -420,8 +439,9 @@ fn emit_fn(
         let and_grads = format_ident!("{}_and_grads", name);
         let all = emit_nodes(ir, fi, ir.graph.len(), params, f);
         let pushes = ir.grads.iter().filter_map(|g| {
-            let Op::Param { name, .. } = &ir.graph.node(g.leaf).op else {
-                return None;
+            let name = match &ir.graph.node(g.leaf).op {
+                Op::Param { name, .. } | Op::Input { name, .. } => name,
+                _ => return None,
             };
             let leaf = format_ident!("__n{}", g.leaf);
             Some(match g.grad {

@@ -308,6 +308,8 @@ pub enum ElemType {
 /// `x: [B, 64]` or `y: i64[B]`.
 #[derive(Clone)]
 pub struct InputDef {
+    /// `#[grad] x: [B, 64]`: `<fn>_and_grads` also returns the gradient of this input.
+    pub grad: bool,
     pub name: syn::Ident,
     pub dtype: ElemType,
     pub dims: Vec<syn::Expr>,
@@ -363,6 +365,17 @@ impl Parse for GraphFnDef {
             if content.is_empty() {
                 break;
             }
+            let mut grad = false;
+            for attr in content.call(syn::Attribute::parse_outer)? {
+                if attr.path().is_ident("grad") && matches!(attr.meta, syn::Meta::Path(_)) {
+                    grad = true;
+                } else {
+                    return Err(syn::Error::new_spanned(
+                        attr,
+                        "unknown attribute on a graph input\n\n= help: the only one is `#[grad]`, which asks `<fn>_and_grads` for this input's gradient",
+                    ));
+                }
+            }
             let name: syn::Ident = content.parse()?;
             content.parse::<Token![:]>()?;
             let dtype = if content.peek(syn::Ident) {
@@ -382,7 +395,12 @@ impl Parse for GraphFnDef {
             };
             let (dims, toks) = parse_dims(&content)?;
             let _ = toks;
-            inputs.push(InputDef { name, dtype, dims });
+            inputs.push(InputDef {
+                grad,
+                name,
+                dtype,
+                dims,
+            });
         }
         input.parse::<Token![->]>()?;
         let (output, _) = parse_dims(input)?;
