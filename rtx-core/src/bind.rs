@@ -72,6 +72,33 @@ impl Binder {
         Ok(v)
     }
 
+    /// Checks that parameter `name` is an f32 tensor of shape `dims` (its declared shape
+    /// `declared` with the generic values filled in).
+    pub fn param(&mut self, name: &str, t: &Tensor, declared: &str, dims: &[usize]) -> Result<()> {
+        let context = || format!("parameter `{name}` of `{}`", self.function);
+        if t.dtype() != DType::F32 {
+            return Err(RtxError::DTypeMismatch {
+                context: context(),
+                expected: DType::F32.to_string(),
+                found: t.dtype().to_string(),
+            });
+        }
+        if t.shape() != dims {
+            let concrete = fmt_dims(dims);
+            let expected = if concrete == declared {
+                concrete
+            } else {
+                format!("{concrete} (declared {declared})")
+            };
+            return Err(RtxError::ShapeMismatch {
+                context: context(),
+                expected,
+                found: fmt_dims(t.shape()),
+            });
+        }
+        Ok(())
+    }
+
     /// Checks `t.shape()[axis] == value`.
     pub fn expect(
         &mut self,

@@ -6,6 +6,7 @@ use crate::rng::Rng;
 pub struct Ctx {
     pub train: bool,
     rng: Rng,
+    fuse: bool,
 }
 
 impl Ctx {
@@ -14,6 +15,7 @@ impl Ctx {
         Ctx {
             train: false,
             rng: Rng::new(0),
+            fuse: crate::fused::fusion_enabled(),
         }
     }
 
@@ -23,7 +25,21 @@ impl Ctx {
         Ctx {
             train: true,
             rng: Rng::new(seed),
+            fuse: crate::fused::fusion_enabled(),
         }
+    }
+
+    /// Runs compiled models one kernel per IR node instead of their fused schedule (the
+    /// default comes from `RTX_FUSION`, see `fused::fusion_enabled`). Results agree to
+    /// rounding; this exists to check that and to measure what fusion buys.
+    pub fn with_fusion(mut self, on: bool) -> Ctx {
+        self.fuse = on;
+        self
+    }
+
+    /// Whether compiled models run their fused schedule.
+    pub fn fusion(&self) -> bool {
+        self.fuse
     }
 
     /// The seed of the next dropout mask.

@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod ctx;
 pub mod error;
 pub mod exec;
+pub mod fused;
 pub mod layers;
 pub mod module;
 pub mod ops;

@@ -2,6 +2,7 @@
 //! function at compile time, then emit straight-line Rust for the forward pass and, for
 //! scalar-valued functions, the forward+backward pass (`<name>_and_grads`).
 
+use crate::expand_schedule::{self as schedule, dim_expr};
 use crate::internals::ast::{ElemType, GraphDef, GraphFnDef, ModelStruct};
 use crate::internals::ctxt::Ctxt;
 use crate::internals::lower::{Lowerer, NestedModel, Obligation, ParamRef};
@@ -277,37 +278,6 @@ fn lower_fn(
     Some((ir, lw.params, lw.obligations))
 }
 
-/// `Dim` as a run-time `usize` expression over bound symbols (`__d_B`) and const generics.
-fn dim_expr(d: &Dim) -> TokenStream {
-    let mut terms = Vec::new();
-    for (atoms, coeff) in d.terms() {
-        let factors = atoms.iter().map(atom_expr);
-        terms.push(quote!((#coeff #(* #factors)*)));
-    }
-    if terms.is_empty() {
-        return quote!(0usize);
-    }
-    quote!(((0i64 #(+ #terms)*) as usize))
-}
-
-fn atom_expr(a: &Atom) -> TokenStream {
-    match a {
-        Atom::Sym(n) => {
-            let id = format_ident!("__d_{}", n);
-            quote!((#id as i64))
-        }
-        Atom::Param(n) => {
-            let id = format_ident!("{}", n);
-            quote!((#id as i64))
-        }
-        Atom::FloorDiv(inner, k) => {
-            let inner = dim_expr(inner);
-            let k = *k as i64;
-            quote!(((#inner as i64).div_euclid(#k)))
-        }
-    }
-}
-
 /// Binds each input's symbolic dims and checks the rest, in declaration order.
 fn emit_bindings(model: &ModelStruct, f: &GraphFnDef, ir: &GraphFn) -> TokenStream {
     let ctx_name = format!("{}::{}", model.name, f.name);
@@ -354,52 +324,6 @@ fn emit_bindings(model: &ModelStruct, f: &GraphFnDef, ir: &GraphFn) -> TokenStre
     }
 }
 
-/// One `let` per node: leaves read inputs or parameters, every other node runs its op.
-fn emit_nodes(
-    ir: &GraphFn,
-    fi: usize,
-    upto: usize,
-    params: &[ParamRef],
-    f: &GraphFnDef,
-) -> TokenStream {
-    let mut out = TokenStream::new();
-    for (id, node) in ir.graph.nodes.iter().enumerate().take(upto) {
-        let var = format_ident!("__n{}", id);
-        let stmt = match &node.op {
-            Op::Input { index, .. } => {
-                let arg = &f.inputs[*index].name;
-                quote!(let #var: ::rtx_core::Tensor = #arg.clone();)
-            }
-            Op::Param { name, .. } => {
-                let access = params
-                    .iter()
-                    .find(|p| p.name == *name)
-                    .map(|p| p.access.clone())
-                    .unwrap_or_default();
-                let fields = access.iter().map(|a| format_ident!("{}", a));
-                quote!(let #var: ::rtx_core::Tensor = self #(. #fields)* .clone();)
-            }
-            _ => {
-                let args = node.args.iter().map(|a| format_ident!("__n{}", a));
-                let op = match &node.op {
-                    // Target shapes can name symbolic dims: build the op with their values.
-                    Op::Reshape { shape } => {
-                        let dims = shape.iter().map(dim_expr);
-                        quote!(&::rtx_core::ir::Op::Reshape {
-                            shape: ::std::vec![#(::rtx_core::ir::Dim::known(#dims)),*]
-                        })
-                    }
-                    _ => quote!(&__ops[#id].op),
-                };
-                quote!(let #var = ::rtx_core::ops::run_op(#op, &[#(&#args),*], __ctx)?;)
-            }
-        };
-        out.extend(stmt);
-    }
-    let _ = fi;
-    out
-}
-
 fn emit_fn(
     model: &ModelStruct,
     f: &GraphFnDef,
@@ -411,8 +335,11 @@ fn emit_fn(
     let with = format_ident!("{}_with", name);
     let args: Vec<&syn::Ident> = f.inputs.iter().map(|i| &i.name).collect();
     let bindings = emit_bindings(model, f, ir);
-    let fwd = emit_nodes(ir, fi, ir.forward_len, params, f);
+    let param_checks = schedule::param_checks(ir, params);
     let out = format_ident!("__n{}", ir.output);
+    let forward_roots = [ir.output];
+    let fwd_fused = schedule::schedule(ir, ir.forward_len, &forward_roots, params, f, true);
+    let fwd_plain = schedule::schedule(ir, ir.forward_len, &forward_roots, params, f, false);
     let doc = format!(
         "Graph function `{}` in eval mode (dropout off). Checked at compile time: {}.",
         name,
@@ -430,28 +357,41 @@ fn emit_fn(
         #[allow(unused_variables, non_snake_case, clippy::all)]
         pub fn #with(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
             #bindings
+            #param_checks
             let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
-            #fwd
-            Ok(#out)
+            if __ctx.fusion() {
+                #fwd_fused
+                Ok(#out.clone())
+            } else {
+                #fwd_plain
+                Ok(#out.clone())
+            }
         }
     };
     if ir.graph.node(ir.output).shape.is_empty() {
         let and_grads = format_ident!("{}_and_grads", name);
-        let all = emit_nodes(ir, fi, ir.graph.len(), params, f);
-        let pushes = ir.grads.iter().filter_map(|g| {
-            let name = match &ir.graph.node(g.leaf).op {
-                Op::Param { name, .. } | Op::Input { name, .. } => name,
-                _ => return None,
-            };
-            let leaf = format_ident!("__n{}", g.leaf);
-            Some(match g.grad {
-                Some(id) => {
-                    let gv = format_ident!("__n{}", id);
-                    quote!(__grads.push(#name, ::rtx_core::ops::materialize(&#gv, #leaf.shape())?);)
-                }
-                None => quote!(__grads.push(#name, ::rtx_core::Tensor::zeros(#leaf.shape()));),
+        let mut roots = vec![ir.output];
+        roots.extend(ir.grads.iter().filter_map(|g| g.grad));
+        let all_fused = schedule::schedule(ir, ir.graph.len(), &roots, params, f, true);
+        let all_plain = schedule::schedule(ir, ir.graph.len(), &roots, params, f, false);
+        let pushes: Vec<TokenStream> = ir
+            .grads
+            .iter()
+            .filter_map(|g| {
+                let name = match &ir.graph.node(g.leaf).op {
+                    Op::Param { name, .. } | Op::Input { name, .. } => name,
+                    _ => return None,
+                };
+                let leaf = format_ident!("__n{}", g.leaf);
+                Some(match g.grad {
+                    Some(id) => {
+                        let gv = format_ident!("__n{}", id);
+                        quote!(__grads.push(#name, ::rtx_core::ops::materialize(#gv, #leaf.shape())?);)
+                    }
+                    None => quote!(__grads.push(#name, ::rtx_core::Tensor::zeros(#leaf.shape()));),
+                })
             })
-        });
+            .collect();
         let doc = format!(
             "`{name}` and its gradient with respect to every parameter it reads, by the backward pass derived at compile time ({} forward and {} backward nodes).",
             ir.forward_len,
@@ -462,11 +402,18 @@ fn emit_fn(
             #[allow(unused_variables, non_snake_case, clippy::all)]
             pub fn #and_grads(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<(::rtx_core::Tensor, ::rtx_core::Grads)> {
                 #bindings
+                #param_checks
                 let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
-                #all
                 let mut __grads = ::rtx_core::Grads::new();
-                #(#pushes)*
-                Ok((#out, __grads))
+                if __ctx.fusion() {
+                    #all_fused
+                    #(#pushes)*
+                    Ok((#out.clone(), __grads))
+                } else {
+                    #all_plain
+                    #(#pushes)*
+                    Ok((#out.clone(), __grads))
+                }
             }
         });
     }

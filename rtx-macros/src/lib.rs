@@ -10,6 +10,7 @@
 //! which comes back into `__model_impl!` with both items (nested models arrive the same way).
 
 mod expand_graph;
+mod expand_schedule;
 mod expand_struct;
 mod internals;
 

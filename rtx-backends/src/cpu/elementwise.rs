@@ -1,12 +1,8 @@
 //! Elementwise kernels: unary maps and NumPy-broadcast binary maps.
 
-use std::f32::consts::FRAC_1_SQRT_2;
-
-/// 1 / sqrt(2 pi), the normal density's constant.
-const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
-
 use crate::layout::Layout;
 
+use super::scalar;
 use super::strided::{Walk, for_each_chunk, map_strided, numel};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -27,37 +23,17 @@ pub enum UnaryOp {
 
 pub fn unary(op: UnaryOp, x: &[f32], l: &Layout) -> Vec<f32> {
     match op {
-        UnaryOp::Neg => map_strided(x, l, |v| -v),
-        UnaryOp::Relu => map_strided(x, l, |v| if v > 0.0 { v } else { 0.0 }),
-        UnaryOp::Gelu => map_strided(x, l, gelu),
-        UnaryOp::Tanh => map_strided(x, l, f32::tanh),
-        UnaryOp::Sigmoid => map_strided(x, l, sigmoid),
-        UnaryOp::Exp => map_strided(x, l, f32::exp),
-        UnaryOp::Log => map_strided(x, l, f32::ln),
-        UnaryOp::Sqrt => map_strided(x, l, f32::sqrt),
-        UnaryOp::PowScalar(p) => map_strided(x, l, |v| v.powf(p)),
+        UnaryOp::Neg => map_strided(x, l, scalar::neg),
+        UnaryOp::Relu => map_strided(x, l, scalar::relu),
+        UnaryOp::Gelu => map_strided(x, l, scalar::gelu),
+        UnaryOp::Tanh => map_strided(x, l, scalar::tanh),
+        UnaryOp::Sigmoid => map_strided(x, l, scalar::sigmoid),
+        UnaryOp::Exp => map_strided(x, l, scalar::exp),
+        UnaryOp::Log => map_strided(x, l, scalar::log),
+        UnaryOp::Sqrt => map_strided(x, l, scalar::sqrt),
+        UnaryOp::PowScalar(p) => map_strided(x, l, |v| scalar::pow(v, p)),
         UnaryOp::AddScalar(c) => map_strided(x, l, |v| v + c),
         UnaryOp::MulScalar(c) => map_strided(x, l, |v| v * c),
-    }
-}
-
-fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + libm::erff(x * FRAC_1_SQRT_2))
-}
-
-fn gelu_derivative(x: f32) -> f32 {
-    let cdf = 0.5 * (1.0 + libm::erff(x * FRAC_1_SQRT_2));
-    let pdf = (-0.5 * x * x).exp() * FRAC_1_SQRT_2PI;
-    cdf + x * pdf
-}
-
-/// Split by sign so `exp` never overflows to infinity for large |x|.
-fn sigmoid(x: f32) -> f32 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
     }
 }
 
@@ -90,12 +66,12 @@ pub fn binary(
     let la = la.broadcast_to(&shape);
     let lb = lb.broadcast_to(&shape);
     let out = match op {
-        BinaryOp::Add => zip_strided(a, &la, b, &lb, |x, y| x + y),
-        BinaryOp::Sub => zip_strided(a, &la, b, &lb, |x, y| x - y),
-        BinaryOp::Mul => zip_strided(a, &la, b, &lb, |x, y| x * y),
-        BinaryOp::Div => zip_strided(a, &la, b, &lb, |x, y| x / y),
-        BinaryOp::ReluGrad => zip_strided(a, &la, b, &lb, |x, g| if x > 0.0 { g } else { 0.0 }),
-        BinaryOp::GeluGrad => zip_strided(a, &la, b, &lb, |x, g| g * gelu_derivative(x)),
+        BinaryOp::Add => zip_strided(a, &la, b, &lb, scalar::add),
+        BinaryOp::Sub => zip_strided(a, &la, b, &lb, scalar::sub),
+        BinaryOp::Mul => zip_strided(a, &la, b, &lb, scalar::mul),
+        BinaryOp::Div => zip_strided(a, &la, b, &lb, scalar::div),
+        BinaryOp::ReluGrad => zip_strided(a, &la, b, &lb, scalar::relu_grad),
+        BinaryOp::GeluGrad => zip_strided(a, &la, b, &lb, scalar::gelu_grad),
         BinaryOp::Maximum => zip_strided(
             a,
             &la,

@@ -80,6 +80,13 @@ pub fn matmul(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> (Vec<f32>, Vec<
         col_stride: lb.strides[rank_b - 1],
     };
     let parallel = a_offsets.len() * m * n * k >= PARALLEL_WORK;
+    if m <= MR {
+        // A few rows (a batch-1 forward pass): packing B would cost more than the product.
+        for (batch, c) in out.chunks_mut(m * n).enumerate() {
+            multiply_direct(a_view(a_offsets[batch]), b_view(b_offsets[batch]), m, k, c);
+        }
+        return (out, out_shape);
+    }
 
     // A broadcast B (a weight shared across the batch) has one offset and is packed once.
     let mut distinct_b: Vec<usize> = Vec::new();
@@ -215,6 +222,43 @@ fn multiply_tile(mut tile: Tile, packed_a: &[f32], packed_b: &[f32], k: usize) {
                     }
                 }
             }
+        }
+    }
+}
+
+/// C [m, n] = A [m, k] B [k, n] without packing, for m <= MR. Each output element sums its
+/// terms in the order the packed path uses (k in order within KC slices, slices added in
+/// order), so the result does not depend on which path ran.
+fn multiply_direct(a: MatrixView, b: MatrixView, m: usize, k: usize, c: &mut [f32]) {
+    let n = c.len() / m.max(1);
+    for (i, c_row) in c.chunks_mut(n).enumerate() {
+        for j0 in (0..n).step_by(NR) {
+            let width = NR.min(n - j0);
+            let mut total = [0.0f32; NR];
+            for k0 in (0..k).step_by(KC) {
+                let mut acc = [0.0f32; NR];
+                for kk in k0..(k0 + KC).min(k) {
+                    let a_value = a.get(i, kk);
+                    if b.col_stride == 1 {
+                        let start = b.offset + kk * b.row_stride + j0;
+                        for (c, &b_value) in acc.iter_mut().zip(&b.data[start..start + width]) {
+                            *c += a_value * b_value;
+                        }
+                    } else {
+                        for (j, c) in acc.iter_mut().enumerate().take(width) {
+                            *c += a_value * b.get(kk, j0 + j);
+                        }
+                    }
+                }
+                if k0 == 0 {
+                    total = acc;
+                } else {
+                    for (t, v) in total.iter_mut().zip(acc) {
+                        *t += v;
+                    }
+                }
+            }
+            c_row[j0..j0 + width].copy_from_slice(&total[..width]);
         }
     }
 }

@@ -12,12 +12,14 @@
 
 mod conv;
 mod elementwise;
+mod fused;
 mod index;
 mod loss;
 mod matmul;
 mod pool;
 mod random;
 mod reduce;
+pub mod scalar;
 mod softmax;
 mod strided;
 mod window;
@@ -25,6 +27,7 @@ mod window;
 pub use crate::layout::Layout;
 pub use conv::{conv2d, conv2d_grad_input, conv2d_grad_weight};
 pub use elementwise::{BinaryOp, UnaryOp, binary, broadcast_shape, unary};
+pub use fused::map_fused;
 pub use index::{concat, gather_rows, pad_narrow, scatter_add_rows};
 pub use loss::{LabelOutOfRange, cross_entropy, cross_entropy_grad};
 pub use matmul::matmul;

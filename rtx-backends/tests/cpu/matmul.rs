@@ -135,3 +135,27 @@ fn matmul_empty_dimensions() {
     );
     assert_eq!((out.len(), shape), (0, vec![0, 2]));
 }
+
+#[test]
+fn few_rows_match_the_packed_path_bit_for_bit() {
+    // Up to 4 rows take the unpacked path; the same rows inside a 9-row product take the
+    // packed one. K = 300 crosses a K-slice boundary; B is read both row-major and transposed.
+    let mut rng = Rng::new(23);
+    let (k, n) = (300, 21);
+    let a = rng.vec(9 * k);
+    let b = rng.vec(k * n);
+    let b_rows = Layout::contiguous(&[k, n]);
+    let b_transposed = Layout {
+        shape: vec![k, n],
+        strides: vec![1, k],
+        offset: 0,
+    };
+    for lb in [&b_rows, &b_transposed] {
+        let (all, _) = matmul(&a, &Layout::contiguous(&[9, k]), &b, lb);
+        for m in 1..=4 {
+            let (few, _) = matmul(&a[..m * k], &Layout::contiguous(&[m, k]), &b, lb);
+            assert_eq!(few, all[..m * n], "{m} rows");
+        }
+        check(&a[..k], &Layout::contiguous(&[1, k]), &b, lb, "one row");
+    }
+}

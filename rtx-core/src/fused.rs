@@ -1,0 +1,43 @@
+//! Running the fused pointwise kernels that `graph!` generates, and the switch that turns
+//! fusion off (`RTX_FUSION=0`) so a model can be checked against its one-op-per-node schedule.
+
+use crate::error::Result;
+use crate::tensor::Tensor;
+use rtx_backends::cpu;
+use std::sync::OnceLock;
+
+pub use rtx_backends::cpu::scalar;
+
+/// Whether compiled models run their fused schedule: true unless the environment variable
+/// `RTX_FUSION` is `0`, `off` or `false` when the first model runs.
+pub fn fusion_enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| {
+        !matches!(
+            std::env::var("RTX_FUSION").as_deref(),
+            Ok("0") | Ok("off") | Ok("false")
+        )
+    })
+}
+
+/// Runs a generated pointwise body over `shape`: input `k` is `inputs[k]` broadcast to `shape`,
+/// and the body's `M` results become `M` contiguous tensors.
+#[doc(hidden)]
+pub fn fused<const N: usize, const M: usize, F>(
+    inputs: [&Tensor; N],
+    shape: &[usize],
+    body: F,
+) -> Result<[Tensor; M]>
+where
+    F: Fn([f32; N]) -> [f32; M] + Sync,
+{
+    let mut parts: Vec<(&[f32], rtx_backends::Layout)> = Vec::with_capacity(N);
+    for t in inputs {
+        let (data, layout) = t.f32_parts("fused kernel")?;
+        parts.push((data, layout.broadcast_to(shape)));
+    }
+    let args: [(&[f32], &rtx_backends::Layout); N] =
+        std::array::from_fn(|k| (parts[k].0, &parts[k].1));
+    let outs = cpu::map_fused(args, shape, body);
+    Ok(outs.map(|data| Tensor::from_kernel(data, shape)))
+}

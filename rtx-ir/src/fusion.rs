@@ -1,0 +1,334 @@
+//! The fusion planner: turns a graph function's nodes into a schedule of kernels.
+//!
+//! The plan is target-independent: a `Step::Fused` lists pointwise instructions over the
+//! group's inputs (each a `Pointwise` from the table below), which the macro turns into a Rust
+//! loop body today and a CUDA or WGSL kernel body later; every other node is one
+//! `Step::Kernel`, run by the backend's kernel for its op.
+//!
+//! Grouping rule: pointwise nodes of one output shape merge into the group of an argument
+//! while that group is still *open*, i.e. no node outside it has read any of its values yet.
+//! A group runs at the position of its last member, so a value read from outside must not be
+//! needed earlier than that; closing a group at its first outside reader guarantees it.
+//! Scalar constants are inlined as literals. Random ops (dropout masks) are never fused: they
+//! draw from the context's seed stream in node order.
+
+use crate::graph::{Graph, NodeId};
+use crate::op::{DType, Op};
+
+/// One pointwise operation of the fused-kernel table: what a backend must emit for it. The
+/// CPU meaning of each is a function of the same name in `rtx_backends::cpu::scalar`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pointwise {
+    Neg,
+    Relu,
+    Gelu,
+    Tanh,
+    Sigmoid,
+    Exp,
+    Log,
+    Sqrt,
+    /// `x.powf(exponent)`.
+    Pow(f64),
+    Add,
+    Sub,
+    Mul,
+    Div,
+    /// `(x, g) -> g * (x > 0)`.
+    ReluGrad,
+    /// `(x, g) -> g * gelu'(x)`.
+    GeluGrad,
+}
+
+impl Pointwise {
+    /// The table: the ops a fused kernel can evaluate one element at a time.
+    pub fn of(op: &Op) -> Option<Pointwise> {
+        Some(match op {
+            Op::Neg => Pointwise::Neg,
+            Op::Relu => Pointwise::Relu,
+            Op::Gelu => Pointwise::Gelu,
+            Op::Tanh => Pointwise::Tanh,
+            Op::Sigmoid => Pointwise::Sigmoid,
+            Op::Exp => Pointwise::Exp,
+            Op::Log => Pointwise::Log,
+            Op::Sqrt => Pointwise::Sqrt,
+            Op::PowScalar { exponent } => Pointwise::Pow(*exponent),
+            Op::Add => Pointwise::Add,
+            Op::Sub => Pointwise::Sub,
+            Op::Mul => Pointwise::Mul,
+            Op::Div => Pointwise::Div,
+            Op::ReluGrad => Pointwise::ReluGrad,
+            Op::GeluGrad => Pointwise::GeluGrad,
+            _ => return None,
+        })
+    }
+
+    /// Name of the scalar function that implements it on every target.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pointwise::Neg => "neg",
+            Pointwise::Relu => "relu",
+            Pointwise::Gelu => "gelu",
+            Pointwise::Tanh => "tanh",
+            Pointwise::Sigmoid => "sigmoid",
+            Pointwise::Exp => "exp",
+            Pointwise::Log => "log",
+            Pointwise::Sqrt => "sqrt",
+            Pointwise::Pow(_) => "pow",
+            Pointwise::Add => "add",
+            Pointwise::Sub => "sub",
+            Pointwise::Mul => "mul",
+            Pointwise::Div => "div",
+            Pointwise::ReluGrad => "relu_grad",
+            Pointwise::GeluGrad => "gelu_grad",
+        }
+    }
+}
+
+/// An operand of a fused instruction.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Operand {
+    /// The `i`-th input of the group, broadcast to the group's shape.
+    Input(usize),
+    /// The result of an earlier instruction of the group, by its node.
+    Node(NodeId),
+    /// A scalar constant, inlined.
+    Const(f64),
+}
+
+/// One instruction of a fused group: `node = op(args)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Instr {
+    pub node: NodeId,
+    pub op: Pointwise,
+    pub args: Vec<Operand>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// One node run by its own kernel.
+    Kernel(NodeId),
+    /// Pointwise nodes computed in one pass over the group's shape (the shape of `shape_of`):
+    /// reads `inputs` once, writes `outputs` once, keeps everything else in registers.
+    Fused {
+        shape_of: NodeId,
+        inputs: Vec<NodeId>,
+        body: Vec<Instr>,
+        outputs: Vec<NodeId>,
+    },
+}
+
+/// The schedule of nodes `0..upto` of `graph`, where `roots` (the function's results) must
+/// be materialized. Leaves (inputs, parameters, constants) get no step.
+pub fn plan(graph: &Graph, upto: usize, roots: &[NodeId]) -> Vec<Step> {
+    let upto = upto.min(graph.len());
+    // group[n]: the group a fusible node joined; groups[g]: its members in order, and whether
+    // something outside has read it already.
+    let mut group: Vec<Option<usize>> = vec![None; upto];
+    let mut members: Vec<Vec<NodeId>> = Vec::new();
+    let mut closed: Vec<bool> = Vec::new();
+    for id in 0..upto {
+        let node = graph.node(id);
+        let fusible = Pointwise::of(&node.op).is_some() && node.dtype == DType::F32;
+        let mut joined = None;
+        if fusible {
+            joined = node.args.iter().find_map(|&a| {
+                let g = group.get(a).copied().flatten()?;
+                (!closed[g] && graph.node(a).shape == node.shape).then_some(g)
+            });
+        }
+        // Every group this node reads from, other than its own, now has an outside reader.
+        for &a in &node.args {
+            if let Some(g) = group.get(a).copied().flatten()
+                && Some(g) != joined
+            {
+                closed[g] = true;
+            }
+        }
+        if fusible {
+            let g = joined.unwrap_or_else(|| {
+                members.push(Vec::new());
+                closed.push(false);
+                members.len() - 1
+            });
+            group[id] = Some(g);
+            members[g].push(id);
+        }
+    }
+
+    let mut read_outside = vec![false; upto];
+    for id in 0..upto {
+        for &a in &graph.node(id).args {
+            if a < upto && group[a].is_some() && group[a] != group[id] {
+                read_outside[a] = true;
+            }
+        }
+    }
+    for &r in roots {
+        if r < upto {
+            read_outside[r] = true;
+        }
+    }
+
+    let mut steps = Vec::new();
+    for id in 0..upto {
+        let node = graph.node(id);
+        match group[id] {
+            None if matches!(
+                node.op,
+                Op::Input { .. } | Op::Param { .. } | Op::Const { .. }
+            ) => {}
+            None => steps.push(Step::Kernel(id)),
+            Some(g) if members[g].last() == Some(&id) => {
+                steps.push(fused_step(graph, &members[g], &group, &read_outside));
+            }
+            Some(_) => {}
+        }
+    }
+    steps
+}
+
+fn fused_step(
+    graph: &Graph,
+    members: &[NodeId],
+    group: &[Option<usize>],
+    read_outside: &[bool],
+) -> Step {
+    let own = group[members[0]];
+    let mut inputs: Vec<NodeId> = Vec::new();
+    let mut body = Vec::with_capacity(members.len());
+    for &m in members {
+        let node = graph.node(m);
+        let args = node
+            .args
+            .iter()
+            .map(|&a| {
+                if group.get(a).copied().flatten() == own && own.is_some() {
+                    return Operand::Node(a);
+                }
+                if let Op::Const { value } = graph.node(a).op {
+                    return Operand::Const(value);
+                }
+                let i = inputs.iter().position(|&x| x == a).unwrap_or_else(|| {
+                    inputs.push(a);
+                    inputs.len() - 1
+                });
+                Operand::Input(i)
+            })
+            .collect();
+        body.push(Instr {
+            node: m,
+            // Members are fusible by construction.
+            op: Pointwise::of(&node.op).unwrap_or(Pointwise::Neg),
+            args,
+        });
+    }
+    let last = *members.last().unwrap_or(&members[0]);
+    let outputs = members
+        .iter()
+        .copied()
+        .filter(|&m| read_outside[m] || m == last)
+        .collect();
+    Step::Fused {
+        shape_of: last,
+        inputs,
+        body,
+        outputs,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dim::Dim;
+    use crate::infer::Unifier;
+
+    fn input(g: &mut Graph, u: &mut Unifier, index: usize, shape: &[usize]) -> NodeId {
+        let shape = shape.iter().map(|&d| Dim::known(d)).collect();
+        g.push(
+            Op::Input {
+                index,
+                name: format!("x{index}"),
+                shape,
+                dtype: DType::F32,
+            },
+            &[],
+            u,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pointwise_chain_is_one_step() {
+        let (mut g, mut u) = (Graph::default(), Unifier::default());
+        let x = input(&mut g, &mut u, 0, &[4, 3]);
+        let b = input(&mut g, &mut u, 1, &[3]);
+        let c = g.push(Op::Const { value: 2.0 }, &[], &mut u).unwrap();
+        let s = g.push(Op::Add, &[x, b], &mut u).unwrap();
+        let r = g.push(Op::Relu, &[s], &mut u).unwrap();
+        let m = g.push(Op::Mul, &[r, c], &mut u).unwrap();
+
+        let steps = plan(&g, g.len(), &[m]);
+
+        assert_eq!(steps.len(), 1, "{steps:?}");
+        let Step::Fused {
+            inputs,
+            body,
+            outputs,
+            ..
+        } = &steps[0]
+        else {
+            panic!("expected a fused step: {steps:?}");
+        };
+        assert_eq!(inputs, &[x, b]);
+        assert_eq!(body.len(), 3);
+        assert_eq!(body[2].args, vec![Operand::Node(r), Operand::Const(2.0)]);
+        assert_eq!(outputs, &[m]);
+    }
+
+    #[test]
+    fn a_value_read_outside_the_group_is_an_output() {
+        let (mut g, mut u) = (Graph::default(), Unifier::default());
+        let x = input(&mut g, &mut u, 0, &[2, 2]);
+        let e = g.push(Op::Exp, &[x], &mut u).unwrap();
+        let n = g.push(Op::Neg, &[e], &mut u).unwrap();
+        let mm = g.push(Op::MatMul, &[e, x], &mut u).unwrap();
+
+        let steps = plan(&g, g.len(), &[n, mm]);
+
+        let Step::Fused { outputs, .. } = &steps[0] else {
+            panic!("{steps:?}");
+        };
+        assert_eq!(outputs, &[e, n]);
+        assert_eq!(steps[1], Step::Kernel(mm));
+    }
+
+    #[test]
+    fn a_group_read_from_outside_takes_no_more_members() {
+        // t = exp(x); m = t @ x; y = t + m: y must not join t's group, which has to run
+        // before the matmul that y reads.
+        let (mut g, mut u) = (Graph::default(), Unifier::default());
+        let x = input(&mut g, &mut u, 0, &[2, 2]);
+        let t = g.push(Op::Exp, &[x], &mut u).unwrap();
+        let m = g.push(Op::MatMul, &[t, x], &mut u).unwrap();
+        let y = g.push(Op::Add, &[t, m], &mut u).unwrap();
+
+        let steps = plan(&g, g.len(), &[y]);
+
+        assert_eq!(steps.len(), 3, "{steps:?}");
+        assert_eq!(steps[1], Step::Kernel(m));
+        assert!(matches!(&steps[2], Step::Fused { inputs, .. } if inputs == &[t, m]));
+    }
+
+    #[test]
+    fn random_ops_are_kernels() {
+        let (mut g, mut u) = (Graph::default(), Unifier::default());
+        let x = input(&mut g, &mut u, 0, &[8]);
+        let mask = g.push(Op::DropoutMask { p: 0.5 }, &[x], &mut u).unwrap();
+        let y = g.push(Op::Mul, &[x, mask], &mut u).unwrap();
+
+        let steps = plan(&g, g.len(), &[y]);
+
+        assert_eq!(steps[0], Step::Kernel(mask));
+        assert!(matches!(&steps[1], Step::Fused { inputs, .. } if inputs == &[x, mask]));
+    }
+}

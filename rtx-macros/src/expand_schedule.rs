@@ -1,0 +1,256 @@
+//! The body of a generated graph function: the kernel schedule of its nodes.
+//!
+//! Two schedules are emitted from one IR. The fused one follows `rtx_ir::fusion::plan`: each
+//! pointwise group becomes a closure, specialized to its ops and constants, run by
+//! `rtx_core::fused::fused` in one pass; every other node is one kernel call. The unfused one
+//! runs one kernel per node, and is what `RTX_FUSION=0` selects, so the two can be compared.
+//! Neither runs a shape rule: the macro ran them at compile time, and the generated code
+//! checks inputs and parameters once on entry. Output shapes are computed from the IR's
+//! dimensions with the run-time values of the symbols.
+
+use crate::internals::ast::GraphFnDef;
+use crate::internals::lower::ParamRef;
+use proc_macro2::{Literal, TokenStream};
+use quote::{format_ident, quote};
+use rtx_ir::fusion::{Instr, Operand, Pointwise, Step, plan};
+use rtx_ir::{Atom, Dim, GraphFn, NodeId, Op};
+
+/// `Dim` as a run-time `usize` expression over bound symbols (`__d_B`) and const generics.
+pub fn dim_expr(d: &Dim) -> TokenStream {
+    let mut terms = Vec::new();
+    for (atoms, coeff) in d.terms() {
+        let factors = atoms.iter().map(atom_expr);
+        terms.push(quote!((#coeff #(* #factors)*)));
+    }
+    if terms.is_empty() {
+        return quote!(0usize);
+    }
+    quote!(((0i64 #(+ #terms)*) as usize))
+}
+
+fn atom_expr(a: &Atom) -> TokenStream {
+    match a {
+        Atom::Sym(n) => {
+            let id = format_ident!("__d_{}", n);
+            quote!((#id as i64))
+        }
+        Atom::Param(n) => {
+            let id = format_ident!("{}", n);
+            quote!((#id as i64))
+        }
+        Atom::FloorDiv(inner, k) => {
+            let inner = dim_expr(inner);
+            let k = *k as i64;
+            quote!(((#inner as i64).div_euclid(#k)))
+        }
+    }
+}
+
+/// `&[d0, d1, ..]`: the run-time shape of node `id`.
+fn shape_expr(ir: &GraphFn, id: NodeId) -> TokenStream {
+    let dims = ir.graph.node(id).shape.iter().map(dim_expr);
+    quote!(&[#(#dims),*])
+}
+
+fn node_ref(id: NodeId) -> syn::Ident {
+    format_ident!("__n{}", id)
+}
+
+fn value(id: NodeId) -> syn::Ident {
+    format_ident!("__v{}", id)
+}
+
+/// `let __nX: &Tensor = ..;` for an input or parameter leaf.
+fn leaf(ir: &GraphFn, id: NodeId, params: &[ParamRef], f: &GraphFnDef) -> TokenStream {
+    let var = node_ref(id);
+    match &ir.graph.node(id).op {
+        Op::Input { index, .. } => match f.inputs.get(*index) {
+            Some(input) => {
+                let arg = &input.name;
+                quote!(let #var: &::rtx_core::Tensor = #arg;)
+            }
+            None => quote!(),
+        },
+        Op::Param { name, .. } => {
+            let access = params
+                .iter()
+                .find(|p| p.name == *name)
+                .map(|p| p.access.clone())
+                .unwrap_or_default();
+            let fields = access.iter().map(|a| format_ident!("{}", a));
+            quote!(let #var: &::rtx_core::Tensor = &self #(. #fields)*;)
+        }
+        Op::Const { value: c } => {
+            let v = value(id);
+            let c = f32_literal(*c);
+            quote!(let #v = ::rtx_core::Tensor::scalar(#c); let #var = &#v;)
+        }
+        _ => quote!(),
+    }
+}
+
+fn is_leaf(op: &Op) -> bool {
+    matches!(op, Op::Input { .. } | Op::Param { .. } | Op::Const { .. })
+}
+
+/// One node run by its kernel.
+fn kernel(ir: &GraphFn, id: NodeId) -> TokenStream {
+    let (var, v) = (node_ref(id), value(id));
+    let args = ir.graph.node(id).args.iter().map(|&a| node_ref(a));
+    let shape = shape_expr(ir, id);
+    quote! {
+        let #v = ::rtx_core::ops::execute(&__ops[#id].op, &[#(#args),*], #shape, __ctx)?;
+        let #var = &#v;
+    }
+}
+
+fn f32_literal(v: f64) -> TokenStream {
+    let v = v as f32;
+    if v.is_nan() {
+        quote!(::core::primitive::f32::NAN)
+    } else if v == f32::INFINITY {
+        quote!(::core::primitive::f32::INFINITY)
+    } else if v == f32::NEG_INFINITY {
+        quote!(::core::primitive::f32::NEG_INFINITY)
+    } else {
+        let lit = Literal::f32_suffixed(v);
+        quote!((#lit))
+    }
+}
+
+fn operand(o: &Operand) -> TokenStream {
+    match o {
+        Operand::Input(i) => {
+            let id = format_ident!("__i{}", i);
+            quote!(#id)
+        }
+        Operand::Node(n) => {
+            let id = format_ident!("__t{}", n);
+            quote!(#id)
+        }
+        Operand::Const(c) => f32_literal(*c),
+    }
+}
+
+fn instr(i: &Instr) -> TokenStream {
+    let t = format_ident!("__t{}", i.node);
+    let f = format_ident!("{}", i.op.name());
+    let args: Vec<TokenStream> = i.args.iter().map(operand).collect();
+    match i.op {
+        Pointwise::Pow(p) => {
+            let p = f32_literal(p);
+            let x = &args[0];
+            quote!(let #t = ::rtx_core::fused::scalar::#f(#x, #p);)
+        }
+        _ => quote!(let #t = ::rtx_core::fused::scalar::#f(#(#args),*);),
+    }
+}
+
+/// A fusion group: one closure over the group's inputs, one pass over its shape.
+fn fused(
+    ir: &GraphFn,
+    shape_of: NodeId,
+    inputs: &[NodeId],
+    body: &[Instr],
+    outputs: &[NodeId],
+) -> TokenStream {
+    let n = inputs.len();
+    let ins = inputs.iter().map(|&a| node_ref(a));
+    let params = (0..n).map(|i| format_ident!("__i{}", i));
+    let instrs = body.iter().map(instr);
+    let results = outputs.iter().map(|&o| format_ident!("__t{}", o));
+    let values: Vec<syn::Ident> = outputs.iter().map(|&o| value(o)).collect();
+    let refs = outputs.iter().map(|&o| node_ref(o));
+    let shape = shape_expr(ir, shape_of);
+    quote! {
+        let [#(#values),*] = ::rtx_core::fused::fused(
+            [#(#ins),*],
+            #shape,
+            #[inline(always)]
+            |[#(#params),*]: [f32; #n]| {
+                #(#instrs)*
+                [#(#results),*]
+            },
+        )?;
+        #(let #refs = &#values;)*
+    }
+}
+
+/// The statements computing nodes `0..upto` of `ir`, where `roots` must be materialized:
+/// fused when `fuse` is true, one kernel per node otherwise. Every needed node `X` ends up in
+/// a variable `__nX: &Tensor`.
+pub fn schedule(
+    ir: &GraphFn,
+    upto: usize,
+    roots: &[NodeId],
+    params: &[ParamRef],
+    f: &GraphFnDef,
+    fuse: bool,
+) -> TokenStream {
+    let steps = if fuse {
+        plan(&ir.graph, upto, roots)
+    } else {
+        (0..upto.min(ir.graph.len()))
+            .filter(|&id| !is_leaf(&ir.graph.node(id).op))
+            .map(Step::Kernel)
+            .collect()
+    };
+    // Leaves: inputs and parameters are borrowed; constants become tensors only where a
+    // kernel or a result reads them (fused bodies inline them).
+    let mut tensor_needed = vec![false; ir.graph.len()];
+    for s in &steps {
+        match s {
+            Step::Kernel(id) => ir
+                .graph
+                .node(*id)
+                .args
+                .iter()
+                .for_each(|&a| tensor_needed[a] = true),
+            Step::Fused { inputs, .. } => inputs.iter().for_each(|&a| tensor_needed[a] = true),
+        }
+    }
+    for &r in roots {
+        tensor_needed[r] = true;
+    }
+    let mut out = TokenStream::new();
+    for (id, &needed) in tensor_needed.iter().enumerate().take(upto) {
+        let op = &ir.graph.node(id).op;
+        let wanted = !matches!(op, Op::Const { .. }) || needed;
+        if is_leaf(op) && wanted {
+            out.extend(leaf(ir, id, params, f));
+        }
+    }
+    for s in &steps {
+        out.extend(match s {
+            Step::Kernel(id) => kernel(ir, *id),
+            Step::Fused {
+                shape_of,
+                inputs,
+                body,
+                outputs,
+            } => fused(ir, *shape_of, inputs, body, outputs),
+        });
+    }
+    out
+}
+
+/// Checks on entry that every parameter the function reads has its declared shape: weights
+/// are public fields, and no kernel re-checks them.
+pub fn param_checks(ir: &GraphFn, params: &[ParamRef]) -> TokenStream {
+    let mut out = TokenStream::new();
+    for node in &ir.graph.nodes {
+        let Op::Param { name, shape } = &node.op else {
+            continue;
+        };
+        let Some(p) = params.iter().find(|p| p.name == *name) else {
+            continue;
+        };
+        let fields = p.access.iter().map(|a| format_ident!("{}", a));
+        let declared = rtx_ir::fmt_shape(shape);
+        let dims = shape.iter().map(dim_expr);
+        out.extend(quote! {
+            __b.param(#name, &self #(. #fields)*, #declared, &[#(#dims),*])?;
+        });
+    }
+    out
+}
