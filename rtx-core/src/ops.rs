@@ -9,7 +9,7 @@ use crate::error::{Result, RtxError};
 use crate::tensor::{DType, Tensor};
 use rtx_backends::Layout;
 use rtx_backends::cpu::{self, BinaryOp, ReduceOp, UnaryOp};
-use rtx_ir::{Dim, Op, ShapeErrorKind, Unifier};
+use rtx_ir::{Cmp, Dim, Op, ShapeErrorKind, Unifier};
 
 fn ir_shape(s: &[usize]) -> rtx_ir::Shape {
     s.iter().map(|&d| Dim::known(d)).collect()
@@ -164,6 +164,25 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         Op::Sub => binary(op, a(0), a(1), BinaryOp::Sub)?,
         Op::Mul => binary(op, a(0), a(1), BinaryOp::Mul)?,
         Op::Div => binary(op, a(0), a(1), BinaryOp::Div)?,
+        Op::Maximum => binary(op, a(0), a(1), BinaryOp::Maximum)?,
+        Op::Minimum => binary(op, a(0), a(1), BinaryOp::Minimum)?,
+        Op::Compare { cmp } => {
+            let k = match cmp {
+                Cmp::Gt => BinaryOp::Gt,
+                Cmp::Ge => BinaryOp::Ge,
+                Cmp::Lt => BinaryOp::Lt,
+                Cmp::Le => BinaryOp::Le,
+                Cmp::Eq => BinaryOp::Eq,
+                Cmp::Ne => BinaryOp::Ne,
+            };
+            binary(op, a(0), a(1), k)?
+        }
+        Op::Select => {
+            let [out] = crate::fused::fused([a(0), a(1), a(2)], &out_shape, |[c, x, y]| {
+                [cpu::scalar::select(c, x, y)]
+            })?;
+            out
+        }
         Op::ReluGrad => binary(op, a(0), a(1), BinaryOp::ReluGrad)?,
         Op::GeluGrad => binary(op, a(0), a(1), BinaryOp::GeluGrad)?,
         Op::Sum { axes, keepdim } => reduce(op, a(0), ReduceOp::Sum, axes, *keepdim)?,

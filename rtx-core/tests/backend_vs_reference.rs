@@ -14,7 +14,7 @@ use common::{Rng, assert_close, to_array};
 use rtx_core::ops::run_op;
 use rtx_core::{Ctx, Tensor};
 use rtx_ir::reference::{self, RefCtx};
-use rtx_ir::{Dim, Op};
+use rtx_ir::{Cmp, Dim, Op};
 use std::collections::HashMap;
 
 const ATOL: f64 = 1e-5;
@@ -120,6 +120,9 @@ fn test_of(op: &Op) -> Option<&'static str> {
         Op::Log | Op::Sqrt => "log_and_sqrt_match_reference_on_positive_inputs",
         Op::PowScalar { .. } => "pow_scalar_matches_reference",
         Op::Add | Op::Sub | Op::Mul | Op::Div => "binary_ops_match_reference",
+        Op::Maximum | Op::Minimum => "maximum_and_minimum_match_reference",
+        Op::Compare { .. } => "comparisons_match_reference",
+        Op::Select => "select_matches_reference",
         Op::Sum { .. } | Op::Mean { .. } | Op::Max { .. } => "reductions_match_reference",
         Op::MatMul => "matmul_matches_reference",
         Op::Softmax { .. } | Op::LogSoftmax { .. } => "softmax_and_log_softmax_match_reference",
@@ -195,6 +198,51 @@ fn binary_ops_match_reference() {
     for op in [Op::Add, Op::Sub, Op::Mul, Op::Div] {
         check(&op, &[&a, &b]);
     }
+}
+
+#[test]
+fn maximum_and_minimum_match_reference() {
+    let mut rng = Rng::new(40);
+    let a = rng.tensor(&[3, 5]);
+    let b = rng.tensor(&[5]);
+    let tied = a.clone();
+    let p = permuted(&rng.tensor(&[5, 3]), &[1, 0]);
+    for op in [Op::Maximum, Op::Minimum] {
+        check(&op, &[&a, &b]);
+        check(&op, &[&a, &tied]);
+        check(&op, &[&p, &a]);
+    }
+}
+
+#[test]
+fn comparisons_match_reference() {
+    let mut rng = Rng::new(41);
+    let a = rng.tensor(&[4, 3]);
+    let b = rng.tensor(&[3]);
+    let half_equal = a.clone();
+    for cmp in [Cmp::Gt, Cmp::Ge, Cmp::Lt, Cmp::Le, Cmp::Eq, Cmp::Ne] {
+        check(&Op::Compare { cmp }, &[&a, &b]);
+        check(&Op::Compare { cmp }, &[&a, &half_equal]);
+    }
+}
+
+#[test]
+fn select_matches_reference() {
+    let mut rng = Rng::new(42);
+    let x = rng.tensor(&[4, 3]);
+    let zero = Tensor::scalar(0.0);
+    let cond = run_op(
+        &Op::Compare { cmp: Cmp::Gt },
+        &[&x, &zero],
+        &mut Ctx::eval(),
+    )
+    .unwrap();
+    let a = rng.tensor(&[4, 3]);
+    let b = rng.tensor(&[3]);
+    check(&Op::Select, &[&cond, &a, &b]);
+    check(&Op::Select, &[&cond, &zero, &a]);
+    let wide_cond = rng.tensor(&[2, 4, 3]);
+    check(&Op::Select, &[&wide_cond, &a, &b]);
 }
 
 #[test]

@@ -8,7 +8,7 @@
 use crate::dim::Dim;
 use crate::graph::{GradOf, Graph, NodeId};
 use crate::infer::{ShapeError, Unifier};
-use crate::op::{DType, Op};
+use crate::op::{Cmp, DType, Op};
 
 /// Appends the backward pass of scalar node `output` and returns the gradient of each leaf in
 /// `wrt` (parameters, and inputs the user asked for), in the order given.
@@ -210,6 +210,39 @@ fn vjp(
             Ok(vec![
                 Some(b.sum_to(ga, x(0)).map_err(e)?),
                 Some(b.sum_to(gb, x(1)).map_err(e)?),
+            ])
+        }
+        // Ties split the gradient in half, as PyTorch does for maximum and minimum.
+        Op::Maximum | Op::Minimum => {
+            let (a, bb) = (x(0), x(1));
+            let wins = if node.op == Op::Maximum {
+                Cmp::Gt
+            } else {
+                Cmp::Lt
+            };
+            let a_wins = b.op(Op::Compare { cmp: wins }, &[a, bb]).map_err(e)?;
+            let tie = b.op(Op::Compare { cmp: Cmp::Eq }, &[a, bb]).map_err(e)?;
+            let half = b.c(0.5).map_err(e)?;
+            let half_tie = b.mul(half, tie).map_err(e)?;
+            let a_share = b.op(Op::Add, &[a_wins, half_tie]).map_err(e)?;
+            let one = b.c(1.0).map_err(e)?;
+            let b_share = b.op(Op::Sub, &[one, a_share]).map_err(e)?;
+            let ga = b.mul(g, a_share).map_err(e)?;
+            let gb = b.mul(g, b_share).map_err(e)?;
+            Ok(vec![
+                Some(b.sum_to(ga, a).map_err(e)?),
+                Some(b.sum_to(gb, bb).map_err(e)?),
+            ])
+        }
+        Op::Compare { .. } => Ok(vec![None, None]),
+        Op::Select => {
+            let zero = b.c(0.0).map_err(e)?;
+            let ga = b.op(Op::Select, &[x(0), g, zero]).map_err(e)?;
+            let gb = b.op(Op::Select, &[x(0), zero, g]).map_err(e)?;
+            Ok(vec![
+                None,
+                Some(b.sum_to(ga, x(1)).map_err(e)?),
+                Some(b.sum_to(gb, x(2)).map_err(e)?),
             ])
         }
         Op::Sum { axes, keepdim } => {

@@ -13,7 +13,7 @@
 //! draw from the context's seed stream in node order.
 
 use crate::graph::{Graph, NodeId};
-use crate::op::{DType, Op};
+use crate::op::{Cmp, DType, Op};
 
 /// One pointwise operation of the fused-kernel table: what a backend must emit for it. The
 /// CPU meaning of each is a function of the same name in `rtx_backends::cpu::scalar`.
@@ -37,6 +37,12 @@ pub enum Pointwise {
     ReluGrad,
     /// `(x, g) -> g * gelu'(x)`.
     GeluGrad,
+    Maximum,
+    Minimum,
+    /// `(a, b) -> 1.0 if the comparison holds else 0.0`.
+    Compare(Cmp),
+    /// `(cond, a, b) -> a if cond != 0 else b`.
+    Select,
 }
 
 impl Pointwise {
@@ -58,6 +64,10 @@ impl Pointwise {
             Op::Div => Pointwise::Div,
             Op::ReluGrad => Pointwise::ReluGrad,
             Op::GeluGrad => Pointwise::GeluGrad,
+            Op::Maximum => Pointwise::Maximum,
+            Op::Minimum => Pointwise::Minimum,
+            Op::Compare { cmp } => Pointwise::Compare(*cmp),
+            Op::Select => Pointwise::Select,
             _ => return None,
         })
     }
@@ -80,6 +90,15 @@ impl Pointwise {
             Pointwise::Div => "div",
             Pointwise::ReluGrad => "relu_grad",
             Pointwise::GeluGrad => "gelu_grad",
+            Pointwise::Maximum => "maximum",
+            Pointwise::Minimum => "minimum",
+            Pointwise::Compare(Cmp::Gt) => "gt",
+            Pointwise::Compare(Cmp::Ge) => "ge",
+            Pointwise::Compare(Cmp::Lt) => "lt",
+            Pointwise::Compare(Cmp::Le) => "le",
+            Pointwise::Compare(Cmp::Eq) => "eq",
+            Pointwise::Compare(Cmp::Ne) => "ne",
+            Pointwise::Select => "select",
         }
     }
 }

@@ -39,7 +39,7 @@ pub enum ShapeErrorKind {
 }
 
 impl ShapeError {
-    fn mismatch(arg: usize, expected: Shape, found: &Shape) -> ShapeError {
+    pub(crate) fn mismatch(arg: usize, expected: Shape, found: &Shape) -> ShapeError {
         let axis = if expected.len() == found.len() {
             expected.iter().zip(found.iter()).position(|(e, f)| e != f)
         } else {
@@ -56,7 +56,7 @@ impl ShapeError {
         }
     }
 
-    fn invalid(arg: usize, msg: impl Into<String>) -> ShapeError {
+    pub(crate) fn invalid(arg: usize, msg: impl Into<String>) -> ShapeError {
         ShapeError {
             arg,
             kind: ShapeErrorKind::Invalid(msg.into()),
@@ -64,7 +64,7 @@ impl ShapeError {
         }
     }
 
-    fn with_help(mut self, help: impl Into<String>) -> ShapeError {
+    pub(crate) fn with_help(mut self, help: impl Into<String>) -> ShapeError {
         self.help = Some(help.into());
         self
     }
@@ -365,10 +365,20 @@ pub fn infer(
             need_f32(0, args[0].1, d.name)?;
             f32_out(sh(0).clone())
         }
-        Op::Add | Op::Sub | Op::Mul | Op::Div => {
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Maximum | Op::Minimum | Op::Compare { .. } => {
             need_f32(0, args[0].1, d.name)?;
             need_f32(1, args[1].1, d.name)?;
             f32_out(broadcast(sh(0), sh(1), u)?)
+        }
+        Op::Select => {
+            for (i, arg) in args.iter().enumerate() {
+                need_f32(i, arg.1, d.name)?;
+            }
+            let ab = broadcast(sh(1), sh(2), u).map_err(|mut e| {
+                e.arg += 1;
+                e
+            })?;
+            f32_out(broadcast(sh(0), &ab, u)?)
         }
         Op::Sum { axes, keepdim } | Op::Mean { axes, keepdim } | Op::Max { axes, keepdim } => {
             check_axes(axes, sh(0).len(), d.name)?;

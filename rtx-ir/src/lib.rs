@@ -15,6 +15,7 @@ pub mod dim;
 pub mod fusion;
 pub mod graph;
 pub mod infer;
+pub mod library;
 pub mod op;
 pub mod reference;
 
@@ -22,4 +23,4 @@ pub use autodiff::{differentiate, float_leaves};
 pub use dim::{Atom, Dim};
 pub use graph::{GradOf, Graph, GraphFn, IR_VERSION, ModelIr, Node, NodeId};
 pub use infer::{ShapeError, ShapeErrorKind, Unifier, broadcast, fmt_shape, infer};
-pub use op::{DType, Op, OpDef, OpKind, Shape};
+pub use op::{Cmp, DType, Op, OpDef, OpKind, Shape};

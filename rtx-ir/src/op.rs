@@ -20,6 +20,41 @@ pub enum DType {
     I64,
 }
 
+/// The comparison of `Op::Compare`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Cmp {
+    Gt,
+    Ge,
+    Lt,
+    Le,
+    Eq,
+    Ne,
+}
+
+impl Cmp {
+    pub fn holds(self, a: f64, b: f64) -> bool {
+        match self {
+            Cmp::Gt => a > b,
+            Cmp::Ge => a >= b,
+            Cmp::Lt => a < b,
+            Cmp::Le => a <= b,
+            Cmp::Eq => a == b,
+            Cmp::Ne => a != b,
+        }
+    }
+
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Cmp::Gt => ">",
+            Cmp::Ge => ">=",
+            Cmp::Lt => "<",
+            Cmp::Le => "<=",
+            Cmp::Eq => "==",
+            Cmp::Ne => "!=",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Op {
     // --- leaves --------------------------------------------------------------------------
@@ -56,6 +91,16 @@ pub enum Op {
     Sub,
     Mul,
     Div,
+    /// Elementwise larger of two values; NaN propagates, like `torch.maximum`.
+    Maximum,
+    /// Elementwise smaller of two values; NaN propagates, like `torch.minimum`.
+    Minimum,
+    /// `(a, b) -> 1.0 where the comparison holds, else 0.0`. Has no gradient.
+    Compare {
+        cmp: Cmp,
+    },
+    /// `(cond, a, b) -> a where cond != 0, else b`, all three broadcast.
+    Select,
 
     // --- reductions ----------------------------------------------------------------------
     Sum {
@@ -243,6 +288,10 @@ impl Op {
             Op::Sub => def("sub", 2, Elementwise, 1.0),
             Op::Mul => def("mul", 2, Elementwise, 1.0),
             Op::Div => def("div", 2, Elementwise, 1.0),
+            Op::Maximum => def("maximum", 2, Elementwise, 1.0),
+            Op::Minimum => def("minimum", 2, Elementwise, 1.0),
+            Op::Compare { .. } => def("compare", 2, Elementwise, 1.0),
+            Op::Select => def("select", 3, Elementwise, 1.0),
             Op::Sum { .. } => def("sum", 1, Reduction, 1.0),
             Op::Mean { .. } => def("mean", 1, Reduction, 1.0),
             Op::Max { .. } => def("max", 1, Reduction, 1.0),

@@ -1164,6 +1164,38 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         Op::Sub => binary(x(0), x(1), |a, b| a - b),
         Op::Mul => binary(x(0), x(1), |a, b| a * b),
         Op::Div => binary(x(0), x(1), |a, b| a / b),
+        Op::Maximum => binary(x(0), x(1), |a, b| {
+            if a.is_nan() || b.is_nan() {
+                f64::NAN
+            } else {
+                a.max(b)
+            }
+        }),
+        Op::Minimum => binary(x(0), x(1), |a, b| {
+            if a.is_nan() || b.is_nan() {
+                f64::NAN
+            } else {
+                a.min(b)
+            }
+        }),
+        Op::Compare { cmp } => binary(x(0), x(1), |a, b| f64::from(u8::from(cmp.holds(a, b)))),
+        Op::Select => {
+            let full = binary(x(0), &binary(x(1), x(2), |_, _| 0.0)?, |_, _| 0.0)?;
+            let shape = full.shape.clone();
+            let cond = broadcast_to(x(0), &full)?;
+            let a = broadcast_to(x(1), &full)?;
+            let b = broadcast_to(x(2), &full)?;
+            let data = (0..cond.data.len())
+                .map(|i| {
+                    if cond.data[i] != 0.0 {
+                        a.data[i]
+                    } else {
+                        b.data[i]
+                    }
+                })
+                .collect();
+            Ok(Array { shape, data })
+        }
 
         Op::Sum { axes, keepdim } => sum(x(0), axes, *keepdim, "sum"),
         Op::Mean { axes, keepdim } => {

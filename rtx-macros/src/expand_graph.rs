@@ -91,7 +91,9 @@ fn take_graph(item: &syn::ItemImpl, cx: &Ctxt) -> (Option<GraphDef>, Vec<syn::Im
     for it in &item.items {
         match it {
             syn::ImplItem::Macro(m) if m.mac.path.is_ident("graph") => {
-                match syn::parse2::<GraphDef>(m.mac.tokens.clone()) {
+                match syn::parse2::<GraphDef>(crate::internals::ast::where_as_raw_ident(
+                    m.mac.tokens.clone(),
+                )) {
                     Ok(g) if graph.is_none() => graph = Some(g),
                     Ok(_) => cx.error_spanned_by(&m.mac, "only one graph! block per #[model] impl"),
                     Err(e) => cx.syn_error(e),

@@ -49,8 +49,15 @@ pub enum BinaryOp {
     GeluGrad,
     /// NaN-propagating, like PyTorch's `maximum`.
     Maximum,
-    /// 1.0 where `a == b`, else 0.0.
+    /// NaN-propagating, like PyTorch's `minimum`.
+    Minimum,
+    /// 1.0 where the comparison holds, else 0.0.
+    Gt,
+    Ge,
+    Lt,
+    Le,
     Eq,
+    Ne,
 }
 
 /// NumPy broadcasting of the two shapes; returns (out, out_shape). Caller guarantees compatibility.
@@ -72,14 +79,14 @@ pub fn binary(
         BinaryOp::Div => zip_strided(a, &la, b, &lb, scalar::div),
         BinaryOp::ReluGrad => zip_strided(a, &la, b, &lb, scalar::relu_grad),
         BinaryOp::GeluGrad => zip_strided(a, &la, b, &lb, scalar::gelu_grad),
-        BinaryOp::Maximum => zip_strided(
-            a,
-            &la,
-            b,
-            &lb,
-            |x, y| if x >= y || x.is_nan() { x } else { y },
-        ),
-        BinaryOp::Eq => zip_strided(a, &la, b, &lb, |x, y| if x == y { 1.0 } else { 0.0 }),
+        BinaryOp::Maximum => zip_strided(a, &la, b, &lb, scalar::maximum),
+        BinaryOp::Minimum => zip_strided(a, &la, b, &lb, scalar::minimum),
+        BinaryOp::Gt => zip_strided(a, &la, b, &lb, scalar::gt),
+        BinaryOp::Ge => zip_strided(a, &la, b, &lb, scalar::ge),
+        BinaryOp::Lt => zip_strided(a, &la, b, &lb, scalar::lt),
+        BinaryOp::Le => zip_strided(a, &la, b, &lb, scalar::le),
+        BinaryOp::Eq => zip_strided(a, &la, b, &lb, scalar::eq),
+        BinaryOp::Ne => zip_strided(a, &la, b, &lb, scalar::ne),
     };
     (out, shape)
 }

@@ -97,3 +97,56 @@ pub fn relu_grad(x: f32, g: f32) -> f32 {
 pub fn gelu_grad(x: f32, g: f32) -> f32 {
     g * gelu_derivative(x)
 }
+
+/// NaN-propagating, like `torch.maximum`.
+#[inline(always)]
+pub fn maximum(a: f32, b: f32) -> f32 {
+    if a >= b || a.is_nan() { a } else { b }
+}
+
+/// NaN-propagating, like `torch.minimum`.
+#[inline(always)]
+pub fn minimum(a: f32, b: f32) -> f32 {
+    if a <= b || a.is_nan() { a } else { b }
+}
+
+#[inline(always)]
+fn truth(t: bool) -> f32 {
+    if t { 1.0 } else { 0.0 }
+}
+
+#[inline(always)]
+pub fn gt(a: f32, b: f32) -> f32 {
+    truth(a > b)
+}
+
+#[inline(always)]
+pub fn ge(a: f32, b: f32) -> f32 {
+    truth(a >= b)
+}
+
+#[inline(always)]
+pub fn lt(a: f32, b: f32) -> f32 {
+    truth(a < b)
+}
+
+#[inline(always)]
+pub fn le(a: f32, b: f32) -> f32 {
+    truth(a <= b)
+}
+
+#[inline(always)]
+pub fn eq(a: f32, b: f32) -> f32 {
+    truth(a == b)
+}
+
+#[inline(always)]
+pub fn ne(a: f32, b: f32) -> f32 {
+    truth(a != b)
+}
+
+/// `a` where `cond` is nonzero, else `b`.
+#[inline(always)]
+pub fn select(cond: f32, a: f32, b: f32) -> f32 {
+    if cond != 0.0 { a } else { b }
+}

@@ -120,13 +120,13 @@ fn binary_reference(op: BinaryOp, a: f64, b: f64) -> f64 {
             b * (cdf + a * pdf)
         }
         BinaryOp::Maximum => a.max(b),
-        BinaryOp::Eq => {
-            if a == b {
-                1.0
-            } else {
-                0.0
-            }
-        }
+        BinaryOp::Minimum => a.min(b),
+        BinaryOp::Gt => f64::from(u8::from(a > b)),
+        BinaryOp::Ge => f64::from(u8::from(a >= b)),
+        BinaryOp::Lt => f64::from(u8::from(a < b)),
+        BinaryOp::Le => f64::from(u8::from(a <= b)),
+        BinaryOp::Eq => f64::from(u8::from(a == b)),
+        BinaryOp::Ne => f64::from(u8::from(a != b)),
     }
 }
 
@@ -156,7 +156,7 @@ fn binary_naive(
         .collect()
 }
 
-const BINARY_OPS: [BinaryOp; 8] = [
+const BINARY_OPS: [BinaryOp; 14] = [
     BinaryOp::Add,
     BinaryOp::Sub,
     BinaryOp::Mul,
@@ -164,7 +164,13 @@ const BINARY_OPS: [BinaryOp; 8] = [
     BinaryOp::ReluGrad,
     BinaryOp::GeluGrad,
     BinaryOp::Maximum,
+    BinaryOp::Minimum,
+    BinaryOp::Gt,
+    BinaryOp::Ge,
+    BinaryOp::Lt,
+    BinaryOp::Le,
     BinaryOp::Eq,
+    BinaryOp::Ne,
 ];
 
 #[test]

@@ -424,3 +424,24 @@ impl Parse for GraphDef {
         Ok(GraphDef { fns })
     }
 }
+
+/// `where` is a Rust keyword, so `where(cond, a, b)` (PyTorch's name) does not parse as a
+/// call. Inside `graph!` it is rewritten to the raw identifier `r#where`, which does; the
+/// lowering strips the `r#`.
+pub fn where_as_raw_ident(tokens: TokenStream) -> TokenStream {
+    use proc_macro2::{Group, TokenTree};
+    tokens
+        .into_iter()
+        .map(|tt| match tt {
+            TokenTree::Ident(i) if i == "where" => {
+                TokenTree::Ident(proc_macro2::Ident::new_raw("where", i.span()))
+            }
+            TokenTree::Group(g) => {
+                let mut inner = Group::new(g.delimiter(), where_as_raw_ident(g.stream()));
+                inner.set_span(g.span());
+                TokenTree::Group(inner)
+            }
+            other => other,
+        })
+        .collect()
+}

@@ -10,7 +10,7 @@ use super::ctxt::Ctxt;
 use proc_macro2::TokenStream;
 use quote::{ToTokens, quote};
 use rtx_ir::{
-    DType, Dim, Graph, NodeId, Op, Shape, ShapeError, ShapeErrorKind, Unifier, fmt_shape,
+    Cmp, DType, Dim, Graph, NodeId, Op, Shape, ShapeError, ShapeErrorKind, Unifier, fmt_shape,
 };
 use std::collections::HashMap;
 
@@ -60,8 +60,6 @@ struct Scope<'s> {
     vars: HashMap<String, NodeId>,
 }
 
-const OPS_HELP: &str = "available ops: relu, gelu, tanh, sigmoid, exp, log, sqrt, neg, pow, matmul, sum, mean, max, softmax, log_softmax, cross_entropy, mse, reshape, flatten, transpose, permute, concat, narrow, max_pool2d, avg_pool2d, dropout; layers are called as `self.field(x)`";
-
 fn join(prefix: &[String], name: &str) -> String {
     let mut v = prefix.to_vec();
     v.push(name.to_string());
@@ -94,19 +92,8 @@ impl<'a> Lowerer<'a> {
         whole: &dyn ToTokens,
         arg_tokens: &[&dyn ToTokens],
     ) -> Option<NodeId> {
-        let before = self.u.obligations.len();
-        match self.graph.push_shared(op, args, &mut self.u) {
-            Ok(id) => {
-                let new: Vec<(Dim, Dim)> = self.u.obligations.drain(before..).collect();
-                for (a, b) in new {
-                    self.obligations.push(Obligation {
-                        found: b,
-                        expected: a,
-                        tokens: whole.to_token_stream(),
-                    });
-                }
-                Some(id)
-            }
+        match self.push_checked(op, args, whole) {
+            Ok(id) => Some(id),
             Err(e) => {
                 let at: &dyn ToTokens = arg_tokens.get(e.arg).copied().unwrap_or(whole);
                 self.cx
@@ -116,7 +103,30 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    fn konst(&mut self, v: f64) -> NodeId {
+    /// Pushes an op after its shape rule; generic-dimension equalities it needed become
+    /// obligations for rustc, attributed to `whole`.
+    // The error carries both shapes for the message; it is built only on failure.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn push_checked(
+        &mut self,
+        op: Op,
+        args: &[NodeId],
+        whole: &dyn ToTokens,
+    ) -> Result<NodeId, ShapeError> {
+        let before = self.u.obligations.len();
+        let id = self.graph.push_shared(op, args, &mut self.u)?;
+        let new: Vec<(Dim, Dim)> = self.u.obligations.drain(before..).collect();
+        for (a, b) in new {
+            self.obligations.push(Obligation {
+                found: b,
+                expected: a,
+                tokens: whole.to_token_stream(),
+            });
+        }
+        Ok(id)
+    }
+
+    pub(super) fn konst(&mut self, v: f64) -> NodeId {
         // A scalar constant has no shape constraint to fail.
         self.graph
             .push_shared(Op::Const { value: v }, &[], &mut self.u)
@@ -343,10 +353,16 @@ impl<'a> Lowerer<'a> {
                     syn::BinOp::Sub(_) => (Op::Sub, "-"),
                     syn::BinOp::Mul(_) => (Op::Mul, "*"),
                     syn::BinOp::Div(_) => (Op::Div, "/"),
+                    syn::BinOp::Gt(_) => (Op::Compare { cmp: Cmp::Gt }, ">"),
+                    syn::BinOp::Ge(_) => (Op::Compare { cmp: Cmp::Ge }, ">="),
+                    syn::BinOp::Lt(_) => (Op::Compare { cmp: Cmp::Lt }, "<"),
+                    syn::BinOp::Le(_) => (Op::Compare { cmp: Cmp::Le }, "<="),
+                    syn::BinOp::Eq(_) => (Op::Compare { cmp: Cmp::Eq }, "=="),
+                    syn::BinOp::Ne(_) => (Op::Compare { cmp: Cmp::Ne }, "!="),
                     _ => {
                         self.cx.error_spanned_by(
                             b.op,
-                            "graph! supports the operators `+`, `-`, `*` and `/`",
+                            "graph! supports the operators `+`, `-`, `*`, `/` and the comparisons `>`, `>=`, `<`, `<=`, `==`, `!=` (1.0 where true, else 0.0)",
                         );
                         return None;
                     }
@@ -874,7 +890,7 @@ impl<'a> Lowerer<'a> {
         let name = fp
             .path
             .get_ident()
-            .map(|i| i.to_string())
+            .map(|i| syn::ext::IdentExt::unraw(i).to_string())
             .unwrap_or_else(|| fp.path.to_token_stream().to_string());
         let callsite = format!("{name}(..)");
         let a: Vec<&syn::Expr> = c.args.iter().collect();
@@ -906,6 +922,32 @@ impl<'a> Lowerer<'a> {
             }
             let x = self.lower_expr(sc, a[0])?;
             return self.push(op, &[x], &callsite, e, &toks);
+        }
+        if let Some(def) = rtx_ir::library::lookup(&name) {
+            let (nt, nn) = (def.tensors.len(), def.numbers.len());
+            let required = nt + def.numbers.iter().filter(|(_, d)| d.is_none()).count();
+            if !nargs(self, required, nt + nn, &format!("`{}`", def.signature())) {
+                return None;
+            }
+            let tensors: Vec<Option<NodeId>> =
+                a[..nt].iter().map(|x| self.lower_expr(sc, x)).collect();
+            let tensors: Vec<NodeId> = tensors.into_iter().collect::<Option<_>>()?;
+            let mut numbers = Vec::with_capacity(nn);
+            for x in &a[nt..] {
+                let Some(v) = literal(x) else {
+                    self.cx.error_spanned_by(
+                        *x,
+                        format!(
+                            "this argument of `{}` must be a number literal\n\n= help: the form is `{}`",
+                            def.name,
+                            def.signature()
+                        ),
+                    );
+                    return None;
+                };
+                numbers.push(Some(v));
+            }
+            return self.library_call(def, &tensors, &numbers, e, &toks);
         }
         match name.as_str() {
             "pow" => {
@@ -1186,7 +1228,10 @@ impl<'a> Lowerer<'a> {
                     .unwrap_or_default();
                 self.cx.error_spanned_by(
                     &c.func,
-                    format!("unknown op `{name}` in graph!\n\n= help: {help}{OPS_HELP}"),
+                    format!(
+                        "unknown op `{name}` in graph!\n\n= help: {help}{}",
+                        ops_help()
+                    ),
                 );
                 None
             }
@@ -1194,7 +1239,8 @@ impl<'a> Lowerer<'a> {
     }
 }
 
-const OP_NAMES: &[&str] = &[
+/// The ops lowered here, by hand; the rest come from `rtx_ir::library::LIBRARY`.
+const BUILTIN_OPS: &[&str] = &[
     "relu",
     "gelu",
     "tanh",
@@ -1223,9 +1269,23 @@ const OP_NAMES: &[&str] = &[
     "dropout",
 ];
 
+/// Every op name `graph!` knows, for "unknown op" diagnostics.
+fn known_ops() -> Vec<&'static str> {
+    let mut all = BUILTIN_OPS.to_vec();
+    all.extend(rtx_ir::library::LIBRARY.iter().map(|op| op.name));
+    all
+}
+
+fn ops_help() -> String {
+    format!(
+        "available ops: {}; layers are called as `self.field(x)`",
+        known_ops().join(", ")
+    )
+}
+
 /// The closest op name within edit distance 2.
 fn suggest(name: &str) -> Option<&'static str> {
-    closest(name, OP_NAMES)
+    closest(name, &known_ops())
 }
 
 /// The closest of `candidates` to `name` within edit distance 2 (the first on ties).

@@ -3,4 +3,5 @@
 
 pub mod ast;
 pub mod ctxt;
+mod library_call;
 pub mod lower;

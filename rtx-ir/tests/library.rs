@@ -1,0 +1,209 @@
+//! Every library op (`rtx_ir::library`): its float64 value against the textbook formula, and
+//! its gradient (derived from the lowering) against central finite differences.
+
+mod common;
+
+use common::*;
+use rtx_ir::library::{Emit, LIBRARY, lookup};
+use rtx_ir::reference::Array;
+use rtx_ir::{NodeId, Op, Shape, ShapeError};
+
+impl Emit for Case {
+    fn op(&mut self, op: Op, args: &[NodeId]) -> Result<NodeId, ShapeError> {
+        self.graph.push(op, args, &mut self.u)
+    }
+    fn constant(&mut self, value: f64) -> NodeId {
+        Case::op(self, Op::Const { value }, &[])
+    }
+    fn shape(&self, value: NodeId) -> &Shape {
+        &self.graph.node(value).shape
+    }
+}
+
+fn call(c: &mut Case, name: &str, tensors: &[NodeId], numbers: &[f64]) -> NodeId {
+    let def = lookup(name).unwrap_or_else(|| panic!("`{name}` is not in the library"));
+    (def.lower)(c, tensors, numbers).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The op applied elementwise to fixed inputs, against `expected(x)` in float64.
+fn check_values(name: &str, numbers: &[f64], expected: impl Fn(f64) -> f64) {
+    let xs = [-3.0, -1.5, -0.25, 0.0, 0.3, 1.0, 2.5, 30.0];
+    let mut c = Case::new(1);
+    let x = c.input(Array::new(vec![xs.len()], xs.to_vec()));
+    let out = call(&mut c, name, &[x], numbers);
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    for (got, x) in values[out].data.iter().zip(xs) {
+        let want = expected(x);
+        assert!(
+            (got - want).abs() <= 1e-12 * want.abs().max(1.0),
+            "{name}({x}) = {got}, expected {want}"
+        );
+    }
+}
+
+#[test]
+fn silu_is_x_times_sigmoid() {
+    check_values("silu", &[], |x| x / (1.0 + (-x).exp()));
+    check_grads(|c| {
+        let x = c.random(&[3, 4]);
+        call(c, "silu", &[x], &[])
+    });
+}
+
+#[test]
+fn abs_is_the_magnitude() {
+    check_values("abs", &[], f64::abs);
+    check_grads(|c| {
+        let x = c.random(&[6]);
+        call(c, "abs", &[x], &[])
+    });
+}
+
+#[test]
+fn clamp_limits_to_the_bounds() {
+    check_values("clamp", &[-1.0, 2.0], |x| x.clamp(-1.0, 2.0));
+    check_grads(|c| {
+        let x = c.random(&[4, 3]);
+        call(c, "clamp", &[x], &[-0.5, 0.5])
+    });
+}
+
+#[test]
+fn where_picks_by_condition() {
+    let mut c = Case::new(2);
+    let cond = c.input(Array::new(vec![4], vec![1.0, 0.0, 2.0, 0.0]));
+    let a = c.input(Array::new(vec![4], vec![10.0, 20.0, 30.0, 40.0]));
+    let b = c.input(Array::new(vec![1], vec![-1.0]));
+    let out = call(&mut c, "where", &[cond, a, b], &[]);
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    assert_eq!(values[out].data, vec![10.0, -1.0, 30.0, -1.0]);
+    check_grads(|c| {
+        let cond = c.random(&[2, 3]);
+        let zero = Emit::constant(c, 0.0);
+        let positive = Case::op(
+            c,
+            Op::Compare {
+                cmp: rtx_ir::Cmp::Gt,
+            },
+            &[cond, zero],
+        );
+        let (a, b) = (c.random(&[2, 3]), c.random(&[3]));
+        call(c, "where", &[positive, a, b], &[])
+    });
+}
+
+#[test]
+fn softplus_matches_log_one_plus_exp_without_overflow() {
+    check_values("softplus", &[1.0], |x| (1.0 + x.exp()).ln());
+    check_values("softplus", &[2.0], |x| (1.0 + (2.0 * x).exp()).ln() / 2.0);
+    let mut c = Case::new(3);
+    let x = c.input(Array::new(vec![2], vec![800.0, -800.0]));
+    let out = call(&mut c, "softplus", &[x], &[1.0]);
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    assert_eq!(values[out].data, vec![800.0, 0.0]);
+    check_grads(|c| {
+        let x = c.random(&[5]);
+        call(c, "softplus", &[x], &[1.5])
+    });
+}
+
+#[test]
+fn leaky_relu_scales_negatives() {
+    check_values("leaky_relu", &[0.1], |x| if x > 0.0 { x } else { 0.1 * x });
+    check_grads(|c| {
+        let x = c.random(&[3, 3]);
+        call(c, "leaky_relu", &[x], &[0.2])
+    });
+}
+
+#[test]
+fn maximum_and_minimum_broadcast() {
+    for (name, f) in [
+        ("maximum", f64::max as fn(f64, f64) -> f64),
+        ("minimum", f64::min),
+    ] {
+        let mut c = Case::new(4);
+        let a = c.input(Array::new(vec![2, 2], vec![1.0, -2.0, 3.0, 0.5]));
+        let b = c.input(Array::new(vec![2], vec![0.0, 1.0]));
+        let out = call(&mut c, name, &[a, b], &[]);
+        let values = c.run(&c.graph, &c.inputs, &c.params, false);
+        let want: Vec<f64> = [1.0, -2.0, 3.0, 0.5]
+            .iter()
+            .zip([0.0, 1.0, 0.0, 1.0])
+            .map(|(&x, y)| f(x, y))
+            .collect();
+        assert_eq!(values[out].data, want, "{name}");
+        check_grads(|c| {
+            let (a, b) = (c.random(&[2, 3]), c.random(&[3]));
+            call(c, name, &[a, b], &[])
+        });
+    }
+}
+
+#[test]
+fn min_is_the_smallest_element() {
+    let mut c = Case::new(5);
+    let x = c.input(Array::new(vec![2, 2], vec![1.0, -2.0, 3.0, 0.5]));
+    let out = call(&mut c, "min", &[x], &[]);
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    assert_eq!(values[out].data, vec![-2.0]);
+    check_grads(|c| {
+        let x = c.distinct(&[3, 4]);
+        call(c, "min", &[x], &[])
+    });
+}
+
+#[test]
+fn layer_norm_normalizes_the_last_axis() {
+    let mut c = Case::new(6);
+    let row = [1.0, 2.0, 4.0, 7.0];
+    let x = c.input(Array::new(vec![1, 4], row.to_vec()));
+    let w = c.input(Array::new(vec![4], vec![1.0, 2.0, 0.5, -1.0]));
+    let b = c.input(Array::new(vec![4], vec![0.0, 0.1, 0.2, 0.3]));
+    let out = call(&mut c, "layer_norm", &[x, w, b], &[1e-5]);
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    let mean = row.iter().sum::<f64>() / 4.0;
+    let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 4.0;
+    for (i, got) in values[out].data.iter().enumerate() {
+        let want = (row[i] - mean) / (var + 1e-5).sqrt() * [1.0, 2.0, 0.5, -1.0][i]
+            + [0.0, 0.1, 0.2, 0.3][i];
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+    }
+    check_grads(|c| {
+        let x = c.random(&[2, 3, 5]);
+        let (w, b) = (c.random(&[5]), c.random(&[5]));
+        call(c, "layer_norm", &[x, w, b], &[1e-5])
+    });
+}
+
+#[test]
+fn layer_norm_rejects_a_weight_that_only_broadcasts() {
+    let mut c = Case::new(7);
+    let x = c.random(&[2, 5]);
+    let (w, b) = (c.random(&[2, 5]), c.random(&[5]));
+    let def = lookup("layer_norm").unwrap();
+
+    let err = (def.lower)(&mut c, &[x, w, b], &[1e-5]).unwrap_err();
+
+    assert!(err.to_string().contains("[5]"), "{err}");
+}
+
+#[test]
+fn every_library_op_has_a_test_here() {
+    // Adding a row to LIBRARY without a test above fails this list.
+    let tested = [
+        "silu",
+        "abs",
+        "clamp",
+        "where",
+        "softplus",
+        "leaky_relu",
+        "maximum",
+        "minimum",
+        "min",
+        "layer_norm",
+    ];
+    for op in LIBRARY {
+        assert!(tested.contains(&op.name), "`{}` has no test", op.name);
+    }
+}
