@@ -65,6 +65,55 @@ const fn row(
 
 /// The table.
 pub const LIBRARY: &[LibraryOp] = &[
+    row(
+        "relu",
+        &["x"],
+        &[],
+        "max(x, 0); gradient 0 at 0",
+        |e, t, _| e.op(Op::Relu, &[t[0]]),
+    ),
+    row(
+        "gelu",
+        &["x"],
+        &[],
+        "x * Phi(x), the exact erf form",
+        |e, t, _| e.op(Op::Gelu, &[t[0]]),
+    ),
+    row("tanh", &["x"], &[], "hyperbolic tangent", |e, t, _| {
+        e.op(Op::Tanh, &[t[0]])
+    }),
+    row("sigmoid", &["x"], &[], "1 / (1 + exp(-x))", |e, t, _| {
+        e.op(Op::Sigmoid, &[t[0]])
+    }),
+    row("exp", &["x"], &[], "e^x", |e, t, _| e.op(Op::Exp, &[t[0]])),
+    row("log", &["x"], &[], "natural logarithm", |e, t, _| {
+        e.op(Op::Log, &[t[0]])
+    }),
+    row("sqrt", &["x"], &[], "square root", |e, t, _| {
+        e.op(Op::Sqrt, &[t[0]])
+    }),
+    row("neg", &["x"], &[], "-x", |e, t, _| e.op(Op::Neg, &[t[0]])),
+    row(
+        "pow",
+        &["x"],
+        &[("exponent", None)],
+        "x^exponent",
+        |e, t, n| e.op(Op::PowScalar { exponent: n[0] }, &[t[0]]),
+    ),
+    row(
+        "matmul",
+        &["a", "b"],
+        &[],
+        "[.., M, K] @ [.., K, N], batch dims broadcast",
+        |e, t, _| e.op(Op::MatMul, &[t[0], t[1]]),
+    ),
+    row(
+        "mse",
+        &["a", "b"],
+        &[],
+        "mean of squared differences, a scalar",
+        |e, t, _| e.op(Op::Mse, &[t[0], t[1]]),
+    ),
     row("silu", &["x"], &[], "x * sigmoid(x)", silu),
     row("abs", &["x"], &[], "|x|; gradient 0 at 0", abs),
     row(

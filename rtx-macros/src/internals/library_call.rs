@@ -12,11 +12,17 @@ use rtx_ir::{NodeId, Op, Shape, ShapeError};
 struct Builder<'l, 'a> {
     lw: &'l mut Lowerer<'a>,
     whole: TokenStream,
+    /// The value at fault in the last failed op, to point at the user's argument holding it.
+    culprit: Option<NodeId>,
 }
 
 impl Emit for Builder<'_, '_> {
     fn op(&mut self, op: Op, args: &[NodeId]) -> Result<NodeId, ShapeError> {
-        self.lw.push_checked(op, args, &self.whole)
+        self.lw
+            .push_checked(op, args, &self.whole)
+            .inspect_err(|e| {
+                self.culprit = args.get(e.arg).copied();
+            })
     }
 
     fn constant(&mut self, value: f64) -> NodeId {
@@ -61,13 +67,21 @@ impl Lowerer<'_> {
         let mut b = Builder {
             lw: self,
             whole: whole_tokens,
+            culprit: None,
         };
-        match (def.lower)(&mut b, tensors, &values) {
+        let lowered = (def.lower)(&mut b, tensors, &values);
+        let culprit = b.culprit;
+        match lowered {
             Ok(id) => Some(id),
             Err(err) => {
-                // The positions in `err` are the core op's, so the whole call is underlined.
-                let _ = arg_tokens;
-                self.cx.error_spanned_by(whole, message(&callsite, &err));
+                // Underline the user's argument when the value at fault is one of them, else
+                // the whole call.
+                let at = culprit
+                    .and_then(|c| tensors.iter().position(|&t| t == c))
+                    .and_then(|i| arg_tokens.get(i).copied())
+                    .unwrap_or(whole);
+                self.cx
+                    .error_spanned_by(at.to_token_stream(), message(&callsite, &err));
                 None
             }
         }

@@ -905,24 +905,6 @@ impl<'a> Lowerer<'a> {
             }
             true
         };
-        let unary = match name.as_str() {
-            "relu" => Some(Op::Relu),
-            "gelu" => Some(Op::Gelu),
-            "tanh" => Some(Op::Tanh),
-            "sigmoid" => Some(Op::Sigmoid),
-            "exp" => Some(Op::Exp),
-            "log" => Some(Op::Log),
-            "sqrt" => Some(Op::Sqrt),
-            "neg" => Some(Op::Neg),
-            _ => None,
-        };
-        if let Some(op) = unary {
-            if !nargs(self, 1, 1, "(x)") {
-                return None;
-            }
-            let x = self.lower_expr(sc, a[0])?;
-            return self.push(op, &[x], &callsite, e, &toks);
-        }
         if let Some(def) = rtx_ir::library::lookup(&name) {
             let (nt, nn) = (def.tensors.len(), def.numbers.len());
             let required = nt + def.numbers.iter().filter(|(_, d)| d.is_none()).count();
@@ -950,25 +932,13 @@ impl<'a> Lowerer<'a> {
             return self.library_call(def, &tensors, &numbers, e, &toks);
         }
         match name.as_str() {
-            "pow" => {
-                if !nargs(self, 2, 2, "(x, exponent)") {
-                    return None;
-                }
-                let x = self.lower_expr(sc, a[0])?;
-                let Some(p) = literal(a[1]) else {
-                    self.cx
-                        .error_spanned_by(a[1], "the exponent of `pow` must be a number literal");
-                    return None;
-                };
-                self.push(Op::PowScalar { exponent: p }, &[x], &callsite, e, &toks)
-            }
-            "matmul" | "cross_entropy" | "mse" => {
+            "cross_entropy" => {
                 if !nargs(self, 2, 2, "two arguments") {
                     return None;
                 }
                 let x = self.lower_expr(sc, a[0]);
                 let y = self.lower_expr(sc, a[1]);
-                if let (Some(y), "cross_entropy") = (y, name.as_str())
+                if let Some(y) = y
                     && self.graph.node(y).dtype != DType::I64
                 {
                     let ys = fmt_shape(self.shape(y));
@@ -984,12 +954,7 @@ impl<'a> Lowerer<'a> {
                         );
                     return None;
                 }
-                let op = match name.as_str() {
-                    "matmul" => Op::MatMul,
-                    "cross_entropy" => Op::CrossEntropy,
-                    _ => Op::Mse,
-                };
-                self.push(op, &[x?, y?], &callsite, e, &toks)
+                self.push(Op::CrossEntropy, &[x?, y?], &callsite, e, &toks)
             }
             "softmax" | "log_softmax" => {
                 if !nargs(self, 2, 2, "(x, axis)") {
@@ -1241,23 +1206,12 @@ impl<'a> Lowerer<'a> {
 
 /// The ops lowered here, by hand; the rest come from `rtx_ir::library::LIBRARY`.
 const BUILTIN_OPS: &[&str] = &[
-    "relu",
-    "gelu",
-    "tanh",
-    "sigmoid",
-    "exp",
-    "log",
-    "sqrt",
-    "neg",
-    "pow",
-    "matmul",
     "sum",
     "mean",
     "max",
     "softmax",
     "log_softmax",
     "cross_entropy",
-    "mse",
     "reshape",
     "flatten",
     "transpose",
@@ -1271,8 +1225,8 @@ const BUILTIN_OPS: &[&str] = &[
 
 /// Every op name `graph!` knows, for "unknown op" diagnostics.
 fn known_ops() -> Vec<&'static str> {
-    let mut all = BUILTIN_OPS.to_vec();
-    all.extend(rtx_ir::library::LIBRARY.iter().map(|op| op.name));
+    let mut all: Vec<&'static str> = rtx_ir::library::LIBRARY.iter().map(|op| op.name).collect();
+    all.extend(BUILTIN_OPS);
     all
 }
 
