@@ -7,5 +7,6 @@
 
 pub mod cpu;
 pub mod layout;
+pub mod pool;
 
 pub use layout::Layout;

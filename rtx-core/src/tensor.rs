@@ -30,6 +30,16 @@ pub enum Storage {
     I64(Vec<i64>),
 }
 
+impl Drop for Storage {
+    /// The buffer goes back to the kernels' cache (`rtx_backends::pool`) for the next tensor
+    /// of its size.
+    fn drop(&mut self) {
+        if let Storage::F32(v) = self {
+            rtx_backends::pool::give_back(std::mem::take(v));
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Tensor {
     storage: Arc<Storage>,

@@ -101,7 +101,7 @@ fn zip_strided<F: Fn(f32, f32) -> f32 + Sync>(
     f: F,
 ) -> Vec<f32> {
     let walk = Walk::new(&la.shape, [la, lb]);
-    let mut out = vec![0.0; numel(&la.shape)];
+    let mut out = crate::pool::take(numel(&la.shape));
     for_each_chunk(&mut out, |start, piece| {
         walk.runs(start, piece.len(), |at, len, [pa, pb], strides| {
             let dst = &mut piece[at..at + len];

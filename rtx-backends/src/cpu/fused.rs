@@ -30,7 +30,7 @@ where
     F: Fn([f32; N]) -> [f32; M] + Sync,
 {
     let n = numel(shape);
-    let mut outs: [Vec<f32>; M] = std::array::from_fn(|_| vec![0.0; n]);
+    let mut outs: [Vec<f32>; M] = std::array::from_fn(|_| crate::pool::take(n));
     let ptrs: [OutPtr; M] = std::array::from_fn(|m| OutPtr(outs[m].as_mut_ptr()));
     let walk: Walk<N> = Walk::new(shape, std::array::from_fn(|k| inputs[k].1));
     let data: [&[f32]; N] = std::array::from_fn(|k| inputs[k].0);

@@ -60,10 +60,11 @@ pub fn matmul(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> (Vec<f32>, Vec<
         .expect("caller guarantees broadcastable batch dims");
     let mut out_shape = batch_shape.clone();
     out_shape.extend([m, n]);
-    let mut out = vec![0.0; numel(&out_shape)];
-    if out.is_empty() || k == 0 {
-        return (out, out_shape);
+    if numel(&out_shape) == 0 || k == 0 {
+        return (crate::pool::take_zeroed(numel(&out_shape)), out_shape);
     }
+    // Every element is written: by the first K slice of its tile, or by the direct path.
+    let mut out = crate::pool::take(numel(&out_shape));
 
     let a_offsets = batch_offsets(la, &batch_shape);
     let b_offsets = batch_offsets(lb, &batch_shape);
@@ -226,28 +227,60 @@ fn multiply_tile(mut tile: Tile, packed_a: &[f32], packed_b: &[f32], k: usize) {
     }
 }
 
-/// C [m, n] = A [m, k] B [k, n] without packing, for m <= MR. Each output element sums its
-/// terms in the order the packed path uses (k in order within KC slices, slices added in
-/// order), so the result does not depend on which path ran.
+/// C [m, n] = A [m, k] B [k, n] without packing all of B, for m <= MR (a batch-1 forward pass,
+/// where packing B would cost more than the product). Each NR-column block of B is copied
+/// into one small K x NR panel, read along B's contiguous axis, then every row of A runs over
+/// it with NR accumulators, summing each element's terms in the order the packed path uses.
 fn multiply_direct(a: MatrixView, b: MatrixView, m: usize, k: usize, c: &mut [f32]) {
     let n = c.len() / m.max(1);
-    for (i, c_row) in c.chunks_mut(n).enumerate() {
-        for j0 in (0..n).step_by(NR) {
-            let width = NR.min(n - j0);
+    if a.col_stride == 1 && b.row_stride == 1 {
+        // Rows of A against columns of B, both contiguous (x @ W^T with W a row-major Linear
+        // weight): one dot product per element, eight lanes wide so it vectorizes; the lanes
+        // are added in a fixed order, so the result is deterministic (though rounded
+        // differently from the packed path).
+        for (i, c_row) in c.chunks_mut(n).enumerate() {
+            let a_row = &a.data[a.offset + i * a.row_stride..][..k];
+            for (j, out) in c_row.iter_mut().enumerate() {
+                let b_col = &b.data[b.offset + j * b.col_stride..][..k];
+                *out = dot(a_row, b_col);
+            }
+        }
+        return;
+    }
+    let mut panel = vec![0.0f32; k * NR];
+    for j0 in (0..n).step_by(NR) {
+        let width = NR.min(n - j0);
+        if width < NR {
+            panel.fill(0.0);
+        }
+        if b.col_stride == 1 {
+            for (kk, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                let start = b.offset + kk * b.row_stride + j0;
+                dst[..width].copy_from_slice(&b.data[start..start + width]);
+            }
+        } else if b.row_stride == 1 {
+            for j in 0..width {
+                let start = b.offset + (j0 + j) * b.col_stride;
+                for (kk, &v) in b.data[start..start + k].iter().enumerate() {
+                    panel[kk * NR + j] = v;
+                }
+            }
+        } else {
+            for (kk, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                for (j, d) in dst[..width].iter_mut().enumerate() {
+                    *d = b.get(kk, j0 + j);
+                }
+            }
+        }
+        for (i, c_row) in c.chunks_mut(n).enumerate() {
             let mut total = [0.0f32; NR];
             for k0 in (0..k).step_by(KC) {
+                let kc = KC.min(k - k0);
                 let mut acc = [0.0f32; NR];
-                for kk in k0..(k0 + KC).min(k) {
-                    let a_value = a.get(i, kk);
-                    if b.col_stride == 1 {
-                        let start = b.offset + kk * b.row_stride + j0;
-                        for (c, &b_value) in acc.iter_mut().zip(&b.data[start..start + width]) {
-                            *c += a_value * b_value;
-                        }
-                    } else {
-                        for (j, c) in acc.iter_mut().enumerate().take(width) {
-                            *c += a_value * b.get(kk, j0 + j);
-                        }
+                for (kk, b_row) in panel[k0 * NR..(k0 + kc) * NR].chunks_exact(NR).enumerate() {
+                    let a_value = a.get(i, k0 + kk);
+                    for (c, &b_value) in acc.iter_mut().zip(b_row) {
+                        *c += a_value * b_value;
                     }
                 }
                 if k0 == 0 {
@@ -261,6 +294,28 @@ fn multiply_direct(a: MatrixView, b: MatrixView, m: usize, k: usize, c: &mut [f3
             c_row[j0..j0 + width].copy_from_slice(&total[..width]);
         }
     }
+}
+
+/// `x . y` over equal-length slices: eight partial sums, combined pairwise in a fixed order.
+fn dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
+    let (x_tail, y_tail) = (xc.remainder(), yc.remainder());
+    for (xs, ys) in xc.zip(yc) {
+        for l in 0..8 {
+            lanes[l] += xs[l] * ys[l];
+        }
+    }
+    for (l, (a, b)) in x_tail.iter().zip(y_tail).enumerate() {
+        lanes[l] += a * b;
+    }
+    let quads = [
+        lanes[0] + lanes[4],
+        lanes[1] + lanes[5],
+        lanes[2] + lanes[6],
+        lanes[3] + lanes[7],
+    ];
+    (quads[0] + quads[2]) + (quads[1] + quads[3])
 }
 
 /// One MR x NR tile of A-panel times B-panel over a K slice, accumulated in registers in k order.

@@ -44,7 +44,7 @@ pub(crate) fn contiguous_cow<'a>(data: &'a [f32], l: &Layout) -> Cow<'a, [f32]> 
 /// `f` applied to every element of `l`, in row-major order.
 pub(crate) fn map_strided<F: Fn(f32) -> f32 + Sync>(x: &[f32], l: &Layout, f: F) -> Vec<f32> {
     let walk = Walk::new(&l.shape, [l]);
-    let mut out = vec![0.0; l.numel()];
+    let mut out = crate::pool::take(l.numel());
     for_each_chunk(&mut out, |start, piece| {
         walk.runs(start, piece.len(), |at, len, [pos], [stride]| {
             let dst = &mut piece[at..at + len];

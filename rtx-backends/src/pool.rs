@@ -1,0 +1,104 @@
+//! A caching allocator for f32 buffers: kernels take their output buffers here, and rtx-core
+//! gives a tensor's buffer back when its last reference drops.
+//!
+//! A training step allocates the same buffer sizes in the same order every step. Handing
+//! them back and forth here keeps them off the system allocator, which for large buffers maps
+//! fresh pages from the kernel each time (a page fault per 4 KiB on first write) and for every
+//! buffer would need a zero-fill the kernel then overwrites. Buffers are keyed by exact length
+//! (a step reuses exact sizes); the cache holds at most `CAP_BYTES`, beyond which buffers are
+//! freed as usual. `RTX_POOL=0` turns caching off.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// At most this many bytes are kept for reuse.
+const CAP_BYTES: usize = 1 << 30;
+/// At most this many idle buffers of one length.
+const PER_LENGTH: usize = 16;
+
+#[derive(Default)]
+struct Pool {
+    free: HashMap<usize, Vec<Vec<f32>>>,
+    bytes: usize,
+}
+
+fn pool() -> Option<&'static Mutex<Pool>> {
+    static POOL: OnceLock<Option<Mutex<Pool>>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let off = matches!(
+            std::env::var("RTX_POOL").as_deref(),
+            Ok("0") | Ok("off") | Ok("false")
+        );
+        (!off).then(|| Mutex::new(Pool::default()))
+    })
+    .as_ref()
+}
+
+fn reuse(len: usize) -> Option<Vec<f32>> {
+    let mut p = pool()?.lock().ok()?;
+    let v = p.free.get_mut(&len)?.pop()?;
+    p.bytes -= len * 4;
+    Some(v)
+}
+
+/// A buffer of `len` elements whose contents are unspecified (a recycled buffer keeps its old
+/// values): for kernels that write every element.
+pub fn take(len: usize) -> Vec<f32> {
+    reuse(len).unwrap_or_else(|| vec![0.0; len])
+}
+
+/// A buffer of `len` zeros.
+pub fn take_zeroed(len: usize) -> Vec<f32> {
+    match reuse(len) {
+        Some(mut v) => {
+            v.fill(0.0);
+            v
+        }
+        None => vec![0.0; len],
+    }
+}
+
+/// Keeps `buffer` for a later `take` of its length, or frees it when the cache is full.
+pub fn give_back(buffer: Vec<f32>) {
+    let len = buffer.len();
+    if len == 0 || buffer.capacity() != len {
+        return;
+    }
+    let Some(pool) = pool() else { return };
+    let Ok(mut p) = pool.lock() else { return };
+    if p.bytes + len * 4 > CAP_BYTES {
+        return;
+    }
+    let list = p.free.entry(len).or_default();
+    if list.len() >= PER_LENGTH {
+        return;
+    }
+    list.push(buffer);
+    p.bytes += len * 4;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_returned_buffer_is_reused_for_the_same_length() {
+        let v = vec![3.0f32; 12_345];
+        let ptr = v.as_ptr();
+        give_back(v);
+
+        let again = take(12_345);
+
+        assert_eq!(again.as_ptr(), ptr);
+        assert_eq!(again.len(), 12_345);
+    }
+
+    #[test]
+    fn take_zeroed_clears_a_recycled_buffer() {
+        give_back(vec![7.0f32; 23_456]);
+
+        let v = take_zeroed(23_456);
+
+        assert!(v.iter().all(|&x| x == 0.0));
+    }
+}
