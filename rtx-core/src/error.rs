@@ -34,6 +34,13 @@ pub enum RtxError {
         path: String,
         source: std::io::Error,
     },
+    /// An op would need more memory than the runtime is willing to allocate.
+    #[error("out of memory in {context}: {requested} bytes requested (the limit is {limit} bytes)")]
+    OutOfMemory {
+        context: String,
+        requested: u128,
+        limit: u128,
+    },
     /// Anything else the user asked for that cannot be done, worded in full.
     #[error("{0}")]
     Invalid(String),

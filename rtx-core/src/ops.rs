@@ -128,7 +128,50 @@ fn unreduce_layout(g: &Layout, shape: &[usize], axes: &[usize], keepdim: bool) -
 /// Executes `op` on `args`. Leaves (`Input`, `Param`) are bound by the caller, not here.
 pub fn run_op(op: &Op, args: &[&Tensor], ctx: &mut Ctx) -> Result<Tensor> {
     let out_shape = check_shapes(op, args)?;
+    check_size(op, args, &out_shape)?;
     execute(op, args, &out_shape, ctx)
+}
+
+/// The most bytes one op may ask for (its output plus its largest workspace): 32 GiB. A
+/// graph read from a file can ask for anything, and Rust aborts the process when an
+/// allocation fails, so an absurd request is refused here instead.
+pub const MAX_OP_BYTES: u128 = 32 << 30;
+
+/// Refuses ops whose output (or, for convolutions, the unfolded input) would exceed
+/// `MAX_OP_BYTES`.
+fn check_size(op: &Op, args: &[&Tensor], out_shape: &[usize]) -> Result<()> {
+    let elements = |dims: &[usize]| dims.iter().fold(1u128, |n, &d| n.saturating_mul(d as u128));
+    let mut requested = elements(out_shape);
+    if let Op::Conv2d { .. } | Op::Conv2dGradInput { .. } | Op::Conv2dGradWeight { .. } = op {
+        // im2col holds C * KH * KW values per output pixel of every image.
+        let x = if matches!(op, Op::Conv2dGradInput { .. }) {
+            args[2]
+        } else {
+            args[0]
+        };
+        let w = if matches!(op, Op::Conv2dGradWeight { .. }) {
+            args[2]
+        } else {
+            args[1]
+        };
+        let (xs, ws) = (x.shape(), w.shape());
+        let pixels = match op {
+            Op::Conv2dGradInput { .. } | Op::Conv2dGradWeight { .. } => {
+                elements(&args[1].shape()[2..]).saturating_mul(xs[0] as u128)
+            }
+            _ => elements(&out_shape[2..]).saturating_mul(out_shape[0] as u128),
+        };
+        requested = requested.max(elements(&ws[1..]).saturating_mul(pixels));
+    }
+    let bytes = requested.saturating_mul(4);
+    if bytes > MAX_OP_BYTES {
+        return Err(RtxError::OutOfMemory {
+            context: format!("`{}`", op.name()),
+            requested: bytes,
+            limit: MAX_OP_BYTES,
+        });
+    }
+    Ok(())
 }
 
 /// Executes `op` on arguments whose shapes already passed its shape rule, with the output

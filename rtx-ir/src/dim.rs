@@ -31,7 +31,8 @@ pub struct Dim {
 
 impl Dim {
     pub fn known(n: usize) -> Dim {
-        Dim::constant(n as i64)
+        // Sizes past i64::MAX cannot be real; saturate so a corrupt file cannot wrap them.
+        Dim::constant(i64::try_from(n).unwrap_or(i64::MAX))
     }
 
     pub fn constant(n: i64) -> Dim {
@@ -113,7 +114,8 @@ impl Dim {
     pub fn add(&self, other: &Dim) -> Dim {
         let mut terms = self.terms.clone();
         for (m, c) in &other.terms {
-            *terms.entry(m.clone()).or_insert(0) += c;
+            let t = terms.entry(m.clone()).or_insert(0);
+            *t = t.saturating_add(*c);
         }
         terms.retain(|_, c| *c != 0);
         Dim { terms }
@@ -127,7 +129,7 @@ impl Dim {
         let mut terms = BTreeMap::new();
         if k != 0 {
             for (m, c) in &self.terms {
-                terms.insert(m.clone(), c * k);
+                terms.insert(m.clone(), c.saturating_mul(k));
             }
         }
         Dim { terms }
@@ -140,7 +142,8 @@ impl Dim {
                 let mut m = ma.clone();
                 m.extend(mb.iter().cloned());
                 m.sort();
-                *terms.entry(m).or_insert(0) += ca * cb;
+                let t = terms.entry(m).or_insert(0);
+                *t = t.saturating_add(ca.saturating_mul(*cb));
             }
         }
         terms.retain(|_, c| *c != 0);
@@ -149,9 +152,17 @@ impl Dim {
 
     /// `floor(self / d)`; exact when every coefficient divides, opaque otherwise.
     pub fn floor_div(&self, d: u64) -> Dim {
-        let di = d as i64;
+        // Arithmetic saturates rather than overflows: dimensions read from a file can hold
+        // anything, and a saturated size is refused later instead of panicking here.
+        let Ok(di) = i64::try_from(d) else {
+            return Dim::atom(Atom::FloorDiv(Box::new(self.clone()), d));
+        };
         if d == 1 {
             return self.clone();
+        }
+        if d == 0 {
+            // Has no value: evaluating it fails with an error.
+            return Dim::atom(Atom::FloorDiv(Box::new(self.clone()), d));
         }
         if let Some(c) = self.as_const() {
             return Dim::constant(c.div_euclid(di));
@@ -201,7 +212,8 @@ impl From<DimTerms> for Dim {
         let mut d = Dim::default();
         for (mut atoms, c) in t.0 {
             atoms.sort();
-            *d.terms.entry(atoms).or_insert(0) += c;
+            let t = d.terms.entry(atoms).or_insert(0);
+            *t = t.saturating_add(c);
         }
         d.terms.retain(|_, c| *c != 0);
         d
@@ -211,7 +223,10 @@ impl From<DimTerms> for Dim {
 fn eval_atom(a: &Atom, env: &HashMap<String, i64>) -> Option<i64> {
     match a {
         Atom::Sym(n) | Atom::Param(n) => env.get(n).copied(),
-        Atom::FloorDiv(inner, d) => Some(inner.eval(env)?.div_euclid(*d as i64)),
+        Atom::FloorDiv(inner, d) => {
+            let d = i64::try_from(*d).ok().filter(|&d| d > 0)?;
+            inner.eval(env)?.checked_div_euclid(d)
+        }
     }
 }
 

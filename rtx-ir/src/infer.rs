@@ -246,7 +246,7 @@ fn need_f32(arg: usize, dt: DType, op: &str) -> Result<(), ShapeError> {
 
 /// Output size of a sliding window: `(n + 2*pad - k) / stride + 1`.
 pub fn window_out(n: &Dim, k: &Dim, stride: usize, pad: usize) -> Dim {
-    n.add(&Dim::known(2 * pad))
+    n.add(&Dim::known(pad.saturating_mul(2)))
         .sub(k)
         .floor_div(stride as u64)
         .add(&Dim::known(1))
@@ -267,6 +267,26 @@ fn window_dims(
                 format!("{op} stride must be at least 1"),
             ));
         }
+        // Beyond 2^31 a window parameter is corrupt, not a model: refuse it before any
+        // arithmetic on it can overflow.
+        const LIMIT: usize = 1 << 31;
+        if padding[i] > LIMIT || stride[i] > LIMIT {
+            return Err(ShapeError::invalid(
+                0,
+                format!(
+                    "{op} padding {} or stride {} is out of range (at most {LIMIT})",
+                    padding[i], stride[i]
+                ),
+            ));
+        }
+        if let Some(k) = kernel[i].as_known()
+            && k > LIMIT
+        {
+            return Err(ShapeError::invalid(
+                0,
+                format!("{op} kernel size {k} is out of range (at most {LIMIT})"),
+            ));
+        }
         if kernel[i].as_known() == Some(0) {
             let axis = if i == 0 { "height" } else { "width" };
             return Err(ShapeError::invalid(
@@ -276,7 +296,9 @@ fn window_dims(
         }
         let n = &x[2 + i];
         let o = window_out(n, kernel[i], stride[i], padding[i]);
-        let room = n.add(&Dim::known(2 * padding[i])).sub(kernel[i]);
+        let room = n
+            .add(&Dim::known(padding[i].saturating_mul(2)))
+            .sub(kernel[i]);
         if let Some(r) = room.as_const()
             && r < 0
         {
@@ -468,6 +490,24 @@ pub fn infer(
             need_rank(0, x, 4, &format!("{} input [N, C, H, W]", d.name))?;
             let k = [Dim::known(kernel[0]), Dim::known(kernel[1])];
             let [oh, ow] = window_dims(d.name, x, [&k[0], &k[1]], *stride, *padding)?;
+            // PyTorch's rule: a window may hang over the edge by at most half its size, so every
+            // window holds at least one real element (else max pooling yields -inf).
+            for i in 0..2 {
+                if padding[i] > kernel[i] / 2 {
+                    return Err(ShapeError::invalid(
+                        0,
+                        format!(
+                            "{} padding {} is more than half the kernel size {}",
+                            d.name, padding[i], kernel[i]
+                        ),
+                    )
+                    .with_help(format!(
+                        "use padding at most {} for a kernel of {}",
+                        kernel[i] / 2,
+                        kernel[i]
+                    )));
+                }
+            }
             f32_out(vec![x[0].clone(), x[1].clone(), oh, ow])
         }
         Op::Embedding => {
@@ -556,13 +596,13 @@ pub fn infer(
             let x = sh(0);
             check_axes(&[*axis], x.len(), "narrow")?;
             if let Some(n) = x[*axis].as_known()
-                && start + len > n
+                && start.saturating_add(*len) > n
             {
                 return Err(ShapeError::invalid(
                     0,
                     format!(
                         "narrow {start}..{} is out of range for dimension {axis} of size {n}",
-                        start + len
+                        start.saturating_add(*len)
                     ),
                 ));
             }
@@ -690,13 +730,13 @@ pub fn infer(
             }
             need_grad_shape(0, expected, g, d.name, u)?;
             if let (Some(len), Some(n)) = (g[*axis].as_known(), full[*axis].as_known())
-                && start + len > n
+                && start.saturating_add(len) > n
             {
                 return Err(ShapeError::invalid(
                     0,
                     format!(
                         "pad_narrow {start}..{} is out of range for dimension {axis} of size {n}",
-                        start + len
+                        start.saturating_add(len)
                     ),
                 ));
             }
@@ -787,6 +827,30 @@ mod tests {
             &[s(&["B", "1", "2", "2"]), s(&["4", "1", "3", "3"])],
         );
         assert!(e.unwrap_err().detail().contains("below 1"));
+    }
+
+    #[test]
+    fn pool_padding_over_half_the_kernel_is_an_error() {
+        let pool = |padding| Op::MaxPool2d {
+            kernel: [3, 3],
+            stride: [1, 1],
+            padding: [padding, padding],
+        };
+        assert!(run(pool(1), &[s(&["B", "1", "8", "8"])]).is_ok());
+
+        let e = run(pool(2), &[s(&["B", "1", "8", "8"])]).unwrap_err();
+
+        assert!(e.detail().contains("more than half"), "{}", e.detail());
+    }
+
+    #[test]
+    fn absurd_window_parameters_are_errors_not_overflows() {
+        let conv = Op::Conv2d {
+            stride: [1, 1],
+            padding: [usize::MAX, 0],
+        };
+        let e = run(conv, &[s(&["B", "1", "8", "8"]), s(&["4", "1", "3", "3"])]).unwrap_err();
+        assert!(e.detail().contains("out of range"), "{}", e.detail());
     }
 
     #[test]
