@@ -127,6 +127,7 @@ fn collect_nested(
 }
 
 pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
+    let started = std::time::Instant::now();
     let mut nested = HashMap::new();
     let mut nested_raw = Vec::new();
     collect_nested(&input.nested, &mut nested, &mut nested_raw);
@@ -180,6 +181,7 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
         model: model.name.to_string(),
         functions: fns_ir,
     };
+    report_expansion_time(&ir, started);
     let json = ir
         .to_json()
         .map_err(|e| syn::Error::new(Span::call_site(), e))?;
@@ -229,6 +231,22 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
         #[allow(unused_imports)]
         pub(crate) use #callback;
     })
+}
+
+/// With `RTX_EXPANSION_TIME` set, prints how long the compiler took on this model (parse,
+/// shape checks, lowering, autodiff, fusion planning, code generation; rustc's own work on
+/// the output is not included).
+fn report_expansion_time(ir: &ModelIr, started: std::time::Instant) {
+    if std::env::var_os("RTX_EXPANSION_TIME").is_none() {
+        return;
+    }
+    let nodes: usize = ir.functions.iter().map(|f| f.graph.len()).sum();
+    eprintln!(
+        "rtx: expanded model `{}` in {:.1} ms ({} graph functions, {nodes} IR nodes)",
+        ir.model,
+        started.elapsed().as_secs_f64() * 1e3,
+        ir.functions.len()
+    );
 }
 
 fn lower_fn(
