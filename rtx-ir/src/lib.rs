@@ -18,6 +18,7 @@ pub mod infer;
 pub mod library;
 pub mod op;
 pub mod reference;
+pub mod rewrite;
 
 pub use autodiff::{differentiate, float_leaves};
 pub use dim::{Atom, Dim};

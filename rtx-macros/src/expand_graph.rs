@@ -295,6 +295,14 @@ fn lower_fn(
         }
     }
     ir.remove_dead_nodes();
+    // Algebraic rewrites and CSE over forward and backward together. They cannot fail on a
+    // graph that passed its shape rules; if they ever do, the unrewritten graph is kept, which
+    // computes the same values.
+    let mut rewritten = ir.clone();
+    if rtx_ir::rewrite::simplify(&mut rewritten, rtx_ir::rewrite::Limits::default()).is_ok() {
+        rewritten.remove_dead_nodes();
+        ir = rewritten;
+    }
     Some((ir, lw.params, lw.obligations))
 }
 
