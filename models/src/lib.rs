@@ -2,8 +2,10 @@
 //!
 //! In the map of DESIGN.md this crate is a user of `rtx-core`: it shows what a model file
 //! looks like (`mlp.rs`, `cnn.rs`) and trains them on the 8x8 digits data set that ships in
-//! `data/` (`data.rs`).
+//! `data/` (`data.rs`). `bench.rs` (with `bench_models.rs`) is the `models bench` program.
 
+pub mod bench;
+pub mod bench_models;
 pub mod cnn;
 pub mod data;
 pub mod mlp;

@@ -1,7 +1,8 @@
 //! `models`: train the DSL models on the embedded 8x8 digits.
 //!
 //! `cargo run --release` trains the default model (the MLP); `models train --model cnn
-//! --epochs 20 --seed 7 --save cnn.safetensors` picks the rest.
+//! --epochs 20 --seed 7 --save cnn.safetensors` picks the rest; `models bench` times the
+//! framework (see `models/src/bench.rs` and `BENCHMARKS.md`).
 
 use clap::{Parser, Subcommand, ValueEnum};
 use models::cnn::Cnn;
@@ -49,6 +50,13 @@ enum Command {
         model: Which,
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
+    },
+    /// Time training steps, inference, an elementwise chain and GEMM; one
+    /// `bench=<name> key=value ...` line per result.
+    Bench {
+        /// Run only the benchmarks whose name contains this string.
+        #[arg(long)]
+        filter: Option<String>,
     },
 }
 
@@ -153,6 +161,7 @@ fn main() -> ExitCode {
             model: Which::Cnn,
             format,
         }) => Cnn::graph().and_then(|ir| print_graph(ir, format)),
+        Some(Command::Bench { filter }) => models::bench::run(filter.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

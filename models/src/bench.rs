@@ -1,0 +1,423 @@
+//! `models bench`: wall-clock benchmarks of training steps, inference, an elementwise chain and
+//! GEMM, printed one result per line as `bench=<name> key=value ...` so that
+//! `scripts/bench_peers.py` can parse them and set them next to PyTorch and NumPy.
+//!
+//! Method: each piece of work runs a few untimed warm-up iterations (first-touch page faults,
+//! rayon pool start-up, the model IR being parsed once), then timed iterations measured one by
+//! one with `Instant`; the line reports the median (robust to the odd scheduler hiccup) and the
+//! minimum. Big workloads stop early at a time budget so the whole run stays well under two
+//! minutes; `iters=` says how many timed iterations a figure rests on.
+
+use crate::bench_models::{BenchKernels, WideMlp};
+use crate::cnn::Cnn;
+use crate::mlp::Mlp;
+use rtx_core::prelude::*;
+use std::fmt;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+/// How long to run one piece of work.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    warmup: usize,
+    /// Timed iterations wanted...
+    iters: usize,
+    /// ...unless the timed loop has used this much wall time, once `MIN_ITERS` are done.
+    budget: Duration,
+}
+
+/// Fewest timed iterations behind any median, whatever the budget.
+const MIN_ITERS: usize = 3;
+
+impl Plan {
+    const fn new(warmup: usize, iters: usize, budget_ms: u64) -> Plan {
+        Plan {
+            warmup,
+            iters,
+            budget: Duration::from_millis(budget_ms),
+        }
+    }
+}
+
+/// Per-iteration wall times of one measurement, in microseconds.
+#[derive(Clone, Debug)]
+struct Timing {
+    samples_us: Vec<f64>,
+}
+
+impl Timing {
+    fn median_us(&self) -> f64 {
+        median(&self.samples_us)
+    }
+    fn min_us(&self) -> f64 {
+        self.samples_us
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min)
+    }
+    fn iters(&self) -> usize {
+        self.samples_us.len()
+    }
+}
+
+/// Median of `values` (mean of the middle two for an even count); NaN when empty.
+fn median(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[mid]
+    } else {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    }
+}
+
+/// Runs `work` as `plan` says; an error from `work` stops the measurement and is returned.
+fn measure(plan: Plan, mut work: impl FnMut() -> Result<()>) -> Result<Timing> {
+    for _ in 0..plan.warmup {
+        work()?;
+    }
+    let started = Instant::now();
+    let mut samples_us = Vec::with_capacity(plan.iters);
+    while samples_us.len() < plan.iters.max(MIN_ITERS) {
+        let t = Instant::now();
+        work()?;
+        samples_us.push(t.elapsed().as_secs_f64() * 1e6);
+        if samples_us.len() >= MIN_ITERS && started.elapsed() >= plan.budget {
+            break;
+        }
+    }
+    Ok(Timing { samples_us })
+}
+
+/// One output line: `bench=<name>` followed by `key=value` fields in insertion order.
+struct Line {
+    name: &'static str,
+    fields: Vec<(&'static str, String)>,
+}
+
+impl Line {
+    fn new(name: &'static str) -> Line {
+        Line {
+            name,
+            fields: Vec::new(),
+        }
+    }
+    fn field(mut self, key: &'static str, value: impl fmt::Display) -> Line {
+        self.fields.push((key, value.to_string()));
+        self
+    }
+    /// Appends the median, minimum and iteration count of `t`.
+    fn timing(self, t: &Timing) -> Line {
+        self.field("median_us", format!("{:.1}", t.median_us()))
+            .field("min_us", format!("{:.1}", t.min_us()))
+            .field("iters", t.iters())
+    }
+}
+
+impl fmt::Display for Line {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "bench={}", self.name)?;
+        for (key, value) in &self.fields {
+            write!(f, " {key}={value}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A group of results measured together; it runs when the filter is part of any of `names`
+/// (the elementwise chain and its copy reference share one run, so their ratio is fair).
+struct Group {
+    names: &'static [&'static str],
+    run: fn() -> Result<()>,
+}
+
+const GROUPS: &[Group] = &[
+    Group {
+        names: &["mlp_step_64_128_10"],
+        run: mlp_step_small,
+    },
+    Group {
+        names: &["mlp_step_64_1024_1024_10"],
+        run: mlp_step_wide,
+    },
+    Group {
+        names: &["mlp_forward"],
+        run: mlp_forward,
+    },
+    Group {
+        names: &["cnn_step"],
+        run: cnn_step,
+    },
+    Group {
+        names: &["elementwise_chain", "copy"],
+        run: elementwise_chain,
+    },
+    Group {
+        names: &["gemm"],
+        run: gemm,
+    },
+];
+
+/// Every result name `models bench` can print, for `--filter` and its error message.
+pub fn bench_names() -> Vec<&'static str> {
+    GROUPS
+        .iter()
+        .flat_map(|g| g.names.iter().copied())
+        .collect()
+}
+
+fn selected(group: &Group, filter: Option<&str>) -> bool {
+    filter.is_none_or(|f| group.names.iter().any(|name| name.contains(f)))
+}
+
+/// Runs the benchmarks whose name contains `filter` (all when `None`), printing each result
+/// as soon as it is measured. A filter that matches nothing is an error naming the choices.
+pub fn run(filter: Option<&str>) -> Result<()> {
+    let chosen: Vec<&Group> = GROUPS.iter().filter(|g| selected(g, filter)).collect();
+    if chosen.is_empty() {
+        return Err(RtxError::Invalid(format!(
+            "no benchmark name contains `{}`; the names are {}",
+            filter.unwrap_or_default(),
+            bench_names().join(", ")
+        )));
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "# models bench: median of timed iterations after warm-up; {threads} hardware threads (rayon's default pool size unless RAYON_NUM_THREADS is set)"
+    );
+    for group in chosen {
+        (group.run)()?;
+    }
+    Ok(())
+}
+
+/// `n` draws from N(0, 1), so no kernel sees an all-zero (or otherwise special) input.
+fn normal_vec(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.normal()).collect()
+}
+
+/// A random f32 tensor of `shape` and, for classifiers, `batch` labels in 0..10.
+fn random_batch(seed: u64, shape: &[usize]) -> Result<(Tensor, Tensor)> {
+    let mut rng = Rng::new(seed);
+    let numel = shape.iter().product();
+    let x = Tensor::from_vec(normal_vec(&mut rng, numel), shape)?;
+    let batch = shape.first().copied().unwrap_or(1);
+    let labels = (0..batch).map(|_| rng.below(10) as i64).collect();
+    let y = Tensor::from_i64(labels, &[batch])?;
+    Ok((x, y))
+}
+
+/// Signature shared by the generated `loss_and_grads` of the classifiers benchmarked here.
+type LossAndGrads<M> = fn(&M, &mut Ctx, &Tensor, &Tensor) -> Result<(Tensor, Grads)>;
+
+/// One training step as `models train` runs it: compiled forward + backward (dropout on,
+/// `Ctx::train`), then an AdamW update of every parameter.
+fn train_step<M: Module>(
+    name: &'static str,
+    mut model: M,
+    loss_and_grads: LossAndGrads<M>,
+    input_shape: &[usize],
+    plan: Plan,
+) -> Result<()> {
+    let (x, y) = random_batch(1, input_shape)?;
+    let mut opt = AdamW::new(1e-3);
+    let mut ctx = Ctx::train(0);
+    let timing = measure(plan, || {
+        let (loss, grads) = loss_and_grads(&model, &mut ctx, &x, &y)?;
+        opt.step(&mut model, &grads)?;
+        black_box(loss);
+        Ok(())
+    })?;
+    let batch = input_shape.first().copied().unwrap_or(1);
+    println!("{}", Line::new(name).field("batch", batch).timing(&timing));
+    Ok(())
+}
+
+fn mlp_step_small() -> Result<()> {
+    train_step(
+        "mlp_step_64_128_10",
+        Mlp::init(0),
+        Mlp::loss_and_grads,
+        &[256, 64],
+        Plan::new(20, 300, 3_000),
+    )
+}
+
+fn mlp_step_wide() -> Result<()> {
+    train_step(
+        "mlp_step_64_1024_1024_10",
+        WideMlp::init(0),
+        WideMlp::loss_and_grads,
+        &[256, 64],
+        Plan::new(3, 50, 5_000),
+    )
+}
+
+fn cnn_step() -> Result<()> {
+    train_step(
+        "cnn_step",
+        Cnn::init(0),
+        Cnn::loss_and_grads,
+        &[32, 1, 8, 8],
+        Plan::new(10, 300, 3_000),
+    )
+}
+
+/// Inference (`forward`, eval mode: dropout is the identity) at batch 1, where per-op
+/// overhead dominates, and at batch 256.
+fn mlp_forward() -> Result<()> {
+    let model = Mlp::init(0);
+    for batch in [1, 256] {
+        let (x, _) = random_batch(2, &[batch, 64])?;
+        let timing = measure(Plan::new(50, 2_000, 2_000), || {
+            black_box(model.forward(&x)?);
+            Ok(())
+        })?;
+        println!(
+            "{}",
+            Line::new("mlp_forward")
+                .field("batch", batch)
+                .timing(&timing)
+        );
+    }
+    Ok(())
+}
+
+/// Elements of the elementwise benchmarks: 16M f32, 64 MiB per buffer, far beyond the caches.
+const STREAM_LEN: usize = 16 * 1024 * 1024;
+
+/// Effective bandwidth in GB/s (1e9 bytes) of moving `bytes` in `micros`.
+fn gbps(bytes: usize, micros: f64) -> f64 {
+    bytes as f64 / (micros * 1e-6) / 1e9
+}
+
+/// The 5-op chain of `BenchKernels::chain` next to a plain copy of as many floats, measured in
+/// the same run. Both count one read and one write of 16M f32: for the chain that is the
+/// traffic a fused kernel would need, so `gbps` is effective bandwidth and `ratio_to_copy`
+/// says how far the unfused chain is from the memory bound. The copy is `copy_from_slice` on
+/// one thread (a memcpy); on this kind of machine one core comes close to the memory bus.
+fn elementwise_chain() -> Result<()> {
+    let mut rng = Rng::new(3);
+    let source: Vec<f32> = (0..STREAM_LEN).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    let bytes = 2 * STREAM_LEN * std::mem::size_of::<f32>();
+
+    let kernels = BenchKernels::init(0);
+    let x = Tensor::from_vec(source.clone(), &[STREAM_LEN])?;
+    let chain = measure(Plan::new(2, 20, 6_000), || {
+        black_box(kernels.chain(&x)?);
+        Ok(())
+    })?;
+
+    // Preallocated and written once, so the timed copies do not pay first-touch page faults.
+    let mut destination = vec![1.0f32; STREAM_LEN];
+    let copy = measure(Plan::new(2, 30, 3_000), || {
+        destination.copy_from_slice(black_box(&source));
+        black_box(&mut destination);
+        Ok(())
+    })?;
+
+    let chain_gbps = gbps(bytes, chain.median_us());
+    let copy_gbps = gbps(bytes, copy.median_us());
+    println!(
+        "{}",
+        Line::new("elementwise_chain")
+            .field("n", STREAM_LEN)
+            .field("ops", 5)
+            .timing(&chain)
+            .field("gbps", format!("{chain_gbps:.2}"))
+            .field("ratio_to_copy", format!("{:.3}", chain_gbps / copy_gbps))
+    );
+    println!(
+        "{}",
+        Line::new("copy")
+            .field("n", STREAM_LEN)
+            .timing(&copy)
+            .field("gbps", format!("{copy_gbps:.2}"))
+    );
+    Ok(())
+}
+
+/// Square f32 GEMM through the DSL (`BenchKernels::square_matmul`, i.e. `run_op(MatMul)` on
+/// contiguous inputs, the packed kernel of rtx-backends). GFLOP/s counts 2 n^3 flops.
+fn gemm() -> Result<()> {
+    let kernels = BenchKernels::init(0);
+    let sizes: [(usize, Plan); 4] = [
+        (256, Plan::new(10, 200, 2_000)),
+        (512, Plan::new(3, 60, 2_500)),
+        (1024, Plan::new(2, 20, 3_000)),
+        (2048, Plan::new(1, 5, 4_000)),
+    ];
+    for (n, plan) in sizes {
+        let mut rng = Rng::new(4 + n as u64);
+        let a = Tensor::from_vec(normal_vec(&mut rng, n * n), &[n, n])?;
+        let b = Tensor::from_vec(normal_vec(&mut rng, n * n), &[n, n])?;
+        let timing = measure(plan, || {
+            black_box(kernels.square_matmul(&a, &b)?);
+            Ok(())
+        })?;
+        let flops = 2.0 * (n as f64).powi(3);
+        let gflops = flops / (timing.median_us() * 1e-6) / 1e9;
+        println!(
+            "{}",
+            Line::new("gemm")
+                .field("n", n)
+                .timing(&timing)
+                .field("gflops", format!("{gflops:.1}"))
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn filter_matches_substrings_of_any_name_in_a_group() {
+        let names = |f: &str| -> Vec<&str> {
+            GROUPS
+                .iter()
+                .filter(|g| selected(g, Some(f)))
+                .map(|g| g.names[0])
+                .collect()
+        };
+        assert_eq!(
+            names("mlp_step"),
+            ["mlp_step_64_128_10", "mlp_step_64_1024_1024_10"]
+        );
+        assert_eq!(names("copy"), ["elementwise_chain"]);
+        assert!(names("nothing-like-this").is_empty());
+        assert!(run(Some("nothing-like-this")).is_err());
+    }
+
+    #[test]
+    fn measure_respects_min_iters_and_propagates_errors() -> Result<()> {
+        let t = measure(Plan::new(0, 1, 0), || Ok(()))?;
+        assert_eq!(t.iters(), MIN_ITERS);
+        let mut calls = 0;
+        let failed = measure(Plan::new(0, 5, 1_000), || {
+            calls += 1;
+            Err(RtxError::Invalid("boom".into()))
+        });
+        assert!(failed.is_err());
+        assert_eq!(calls, 1);
+        Ok(())
+    }
+
+    #[test]
+    fn line_format_is_name_then_fields() {
+        let line = Line::new("gemm").field("n", 256).field("gflops", "1.5");
+        assert_eq!(line.to_string(), "bench=gemm n=256 gflops=1.5");
+    }
+}
