@@ -137,11 +137,14 @@ struct Group {
 
 const GROUPS: &[Group] = &[
     Group {
-        names: &["mlp_step_64_128_10"],
+        names: &["mlp_step_64_128_10", "mlp_step_64_128_10_unfused"],
         run: mlp_step_small,
     },
     Group {
-        names: &["mlp_step_64_1024_1024_10"],
+        names: &[
+            "mlp_step_64_1024_1024_10",
+            "mlp_step_64_1024_1024_10_unfused",
+        ],
         run: mlp_step_wide,
     },
     Group {
@@ -218,14 +221,26 @@ type LossAndGrads<M> = fn(&M, &mut Ctx, &Tensor, &Tensor) -> Result<(Tensor, Gra
 /// `Ctx::train`), then an AdamW update of every parameter.
 fn train_step<M: Module>(
     name: &'static str,
-    mut model: M,
+    model: M,
     loss_and_grads: LossAndGrads<M>,
     input_shape: &[usize],
     plan: Plan,
 ) -> Result<()> {
+    train_step_with(name, model, loss_and_grads, input_shape, plan, true)
+}
+
+/// `train_step` with fusion on or off (`Ctx::with_fusion`), to show what fusion buys.
+fn train_step_with<M: Module>(
+    name: &'static str,
+    mut model: M,
+    loss_and_grads: LossAndGrads<M>,
+    input_shape: &[usize],
+    plan: Plan,
+    fused: bool,
+) -> Result<()> {
     let (x, y) = random_batch(1, input_shape)?;
     let mut opt = AdamW::new(1e-3);
-    let mut ctx = Ctx::train(0);
+    let mut ctx = Ctx::train(0).with_fusion(fused);
     let timing = measure(plan, || {
         let (loss, grads) = loss_and_grads(&model, &mut ctx, &x, &y)?;
         opt.step(&mut model, &grads)?;
@@ -238,23 +253,39 @@ fn train_step<M: Module>(
 }
 
 fn mlp_step_small() -> Result<()> {
-    train_step(
-        "mlp_step_64_128_10",
-        Mlp::init(0),
-        Mlp::loss_and_grads,
-        &[256, 64],
-        Plan::new(20, 300, 3_000),
-    )
+    let plan = Plan::new(20, 300, 3_000);
+    for (name, fused) in [
+        ("mlp_step_64_128_10", true),
+        ("mlp_step_64_128_10_unfused", false),
+    ] {
+        train_step_with(
+            name,
+            Mlp::init(0),
+            Mlp::loss_and_grads,
+            &[256, 64],
+            plan,
+            fused,
+        )?;
+    }
+    Ok(())
 }
 
 fn mlp_step_wide() -> Result<()> {
-    train_step(
-        "mlp_step_64_1024_1024_10",
-        WideMlp::init(0),
-        WideMlp::loss_and_grads,
-        &[256, 64],
-        Plan::new(3, 50, 5_000),
-    )
+    let plan = Plan::new(3, 50, 5_000);
+    for (name, fused) in [
+        ("mlp_step_64_1024_1024_10", true),
+        ("mlp_step_64_1024_1024_10_unfused", false),
+    ] {
+        train_step_with(
+            name,
+            WideMlp::init(0),
+            WideMlp::loss_and_grads,
+            &[256, 64],
+            plan,
+            fused,
+        )?;
+    }
+    Ok(())
 }
 
 fn cnn_step() -> Result<()> {

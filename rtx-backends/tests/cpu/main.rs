@@ -6,6 +6,7 @@ mod common;
 mod conv;
 mod determinism;
 mod elementwise;
+mod fused;
 mod index;
 mod loss;
 mod matmul;
