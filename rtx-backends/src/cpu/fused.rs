@@ -130,7 +130,7 @@ fn contiguous_run<const N: usize, const M: usize, F>(
 #[inline(always)]
 fn store_block(dst: &mut [f32], block: &[f32; LANES], stream: bool) {
     #[cfg(target_arch = "x86_64")]
-    if stream && dst.len() == LANES && (dst.as_ptr() as usize) % 16 == 0 {
+    if stream && dst.len() == LANES && (dst.as_ptr() as usize) & 15 == 0 {
         use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
         // SAFETY: `dst` holds LANES = 8 writable floats starting at a 16-byte aligned address,
         // so both 4-float stores are in bounds and aligned; SSE2 is part of x86-64.
