@@ -15,15 +15,12 @@ use crate::layout::Layout;
 use super::elementwise::broadcast_shape;
 use super::strided::numel;
 
-/// Micro-tile height: rows of A sharing each load of a B row.
-const MR: usize = 4;
-/// Micro-tile width: 4 x 8 accumulators fit in the 16 SSE registers with room for operands.
+/// Rows up to which a product skips packing (`multiply_direct`), and the width of its panel.
+const DIRECT_ROWS: usize = 4;
 const NR: usize = 8;
 /// K slice per pass, so a B panel slice (KC x NR) stays in L1 and an A block in L2.
 const KC: usize = 256;
-/// Rows of C per task.
-const MC: usize = 32;
-/// Columns of C per task; a multiple of NR.
+/// Columns of C per task; a multiple of every kernel's tile width.
 const NC: usize = 256;
 /// Multiply-adds below which forking costs more than it saves.
 const PARALLEL_WORK: usize = 1 << 17;
@@ -51,8 +48,71 @@ struct Tile<'c> {
     rows: Vec<&'c mut [f32]>,
 }
 
+/// A register-tiled micro-kernel, chosen once per process from what the CPU supports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmKernel {
+    /// 4 x 8 tiles in plain Rust that the compiler vectorizes for the build's baseline ISA.
+    Portable,
+    /// 6 x 16 tiles with AVX2 and fused multiply-add (x86-64 with AVX2 and FMA).
+    Avx2Fma,
+}
+
+impl GemmKernel {
+    /// Tile height (rows of A per micro-kernel) and width (columns of B).
+    fn tile(self) -> (usize, usize) {
+        match self {
+            GemmKernel::Portable => (4, 8),
+            GemmKernel::Avx2Fma => (6, 16),
+        }
+    }
+}
+
+/// Every kernel this CPU can run, the best last.
+pub fn gemm_kernels() -> Vec<GemmKernel> {
+    let mut all = vec![GemmKernel::Portable];
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        all.push(GemmKernel::Avx2Fma);
+    }
+    all
+}
+
+/// The kernel `matmul` uses: the best this CPU runs, or the portable one when the environment
+/// variable `RTX_GEMM` is `portable`.
+pub fn gemm_kernel() -> GemmKernel {
+    static KERNEL: std::sync::OnceLock<GemmKernel> = std::sync::OnceLock::new();
+    *KERNEL.get_or_init(|| {
+        if std::env::var("RTX_GEMM").as_deref() == Ok("portable") {
+            return GemmKernel::Portable;
+        }
+        gemm_kernels()
+            .last()
+            .copied()
+            .unwrap_or(GemmKernel::Portable)
+    })
+}
+
 /// Batched matmul: a [..., M, K] @ b [..., K, N] -> [..., M, N], batch dims broadcast NumPy style; rank >= 2 each (caller promotes 1-D). Returns (out, out_shape).
 pub fn matmul(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> (Vec<f32>, Vec<usize>) {
+    matmul_with(gemm_kernel(), a, la, b, lb)
+}
+
+/// `matmul` with a given micro-kernel (tests run every one the CPU supports). A kernel the CPU
+/// lacks falls back to the portable one.
+pub fn matmul_with(
+    kernel: GemmKernel,
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+) -> (Vec<f32>, Vec<usize>) {
+    let kernel = if gemm_kernels().contains(&kernel) {
+        kernel
+    } else {
+        GemmKernel::Portable
+    };
+    let (mr, nr) = kernel.tile();
+    let mc = 8 * mr;
     let (rank_a, rank_b) = (la.rank(), lb.rank());
     let (m, k) = (la.shape[rank_a - 2], la.shape[rank_a - 1]);
     let n = lb.shape[rank_b - 1];
@@ -81,7 +141,7 @@ pub fn matmul(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> (Vec<f32>, Vec<
         col_stride: lb.strides[rank_b - 1],
     };
     let parallel = a_offsets.len() * m * n * k >= PARALLEL_WORK;
-    if m <= MR {
+    if m <= DIRECT_ROWS {
         // A few rows (a batch-1 forward pass): packing B would cost more than the product.
         for (batch, c) in out.chunks_mut(m * n).enumerate() {
             multiply_direct(a_view(a_offsets[batch]), b_view(b_offsets[batch]), m, k, c);
@@ -104,23 +164,23 @@ pub fn matmul(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> (Vec<f32>, Vec<
     let packed_b: Vec<Vec<f32>> = if parallel {
         distinct_b
             .par_iter()
-            .map(|&offset| pack_b(b_view(offset), k, n))
+            .map(|&offset| pack_b(b_view(offset), k, n, nr))
             .collect()
     } else {
         distinct_b
             .iter()
-            .map(|&offset| pack_b(b_view(offset), k, n))
+            .map(|&offset| pack_b(b_view(offset), k, n, nr))
             .collect()
     };
 
     let mut tiles = Vec::new();
     for (batch, c) in out.chunks_mut(m * n).enumerate() {
-        for (block, c_rows) in c.chunks_mut(MC * n).enumerate() {
+        for (block, c_rows) in c.chunks_mut(mc * n).enumerate() {
             let first = tiles.len();
             for col0 in (0..n).step_by(NC) {
                 tiles.push(Tile {
                     batch,
-                    row0: block * MC,
+                    row0: block * mc,
                     col0,
                     rows: Vec::new(),
                 });
@@ -133,9 +193,22 @@ pub fn matmul(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> (Vec<f32>, Vec<
         }
     }
     let run = |tile: Tile| {
-        let packed_a = pack_a(a_view(a_offsets[tile.batch]), tile.row0, tile.rows.len(), k);
+        let packed_a = pack_a(
+            a_view(a_offsets[tile.batch]),
+            tile.row0,
+            tile.rows.len(),
+            k,
+            mr,
+        );
         let packed_b = &packed_b[b_of_batch[tile.batch]];
-        multiply_tile(tile, &packed_a, packed_b, k);
+        match kernel {
+            GemmKernel::Portable => multiply_tile::<4, 8, false>(tile, &packed_a, packed_b, k),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `kernel` is Avx2Fma only when the CPU has AVX2 and FMA (checked above).
+            GemmKernel::Avx2Fma => unsafe { multiply_tile_avx2(tile, &packed_a, packed_b, k) },
+            #[cfg(not(target_arch = "x86_64"))]
+            GemmKernel::Avx2Fma => multiply_tile::<4, 8, false>(tile, &packed_a, packed_b, k),
+        }
     };
     if parallel {
         tiles.into_par_iter().for_each(run);
@@ -158,15 +231,15 @@ fn batch_offsets(l: &Layout, batch_shape: &[usize]) -> Vec<usize> {
     .collect()
 }
 
-/// B [K, N] as column panels NR wide, each K x NR row-major (columns past N are zero), so a K
-/// slice of a panel is one contiguous run.
-fn pack_b(b: MatrixView, k: usize, n: usize) -> Vec<f32> {
-    let panels = n.div_ceil(NR);
-    let mut packed = vec![0.0; panels * k * NR];
-    for (panel, dst) in packed.chunks_mut(k * NR).enumerate() {
-        let col0 = panel * NR;
-        let width = NR.min(n - col0);
-        for (kk, dst_row) in dst.chunks_mut(NR).enumerate() {
+/// B [K, N] as column panels `nr` wide, each K x nr row-major (columns past N are zero), so a
+/// K slice of a panel is one contiguous run.
+fn pack_b(b: MatrixView, k: usize, n: usize, nr: usize) -> Vec<f32> {
+    let panels = n.div_ceil(nr);
+    let mut packed = vec![0.0; panels * k * nr];
+    for (panel, dst) in packed.chunks_mut(k * nr).enumerate() {
+        let col0 = panel * nr;
+        let width = nr.min(n - col0);
+        for (kk, dst_row) in dst.chunks_mut(nr).enumerate() {
             if b.col_stride == 1 {
                 let start = b.offset + kk * b.row_stride + col0;
                 dst_row[..width].copy_from_slice(&b.data[start..start + width]);
@@ -180,24 +253,39 @@ fn pack_b(b: MatrixView, k: usize, n: usize) -> Vec<f32> {
     packed
 }
 
-/// Rows `row0..row0 + rows` of A [M, K] as row panels MR tall, each stored K-major (MR values
+/// Rows `row0..row0 + rows` of A [M, K] as row panels `mr` tall, each stored K-major (mr values
 /// per k; rows past the end are zero).
-fn pack_a(a: MatrixView, row0: usize, rows: usize, k: usize) -> Vec<f32> {
-    let panels = rows.div_ceil(MR);
-    let mut packed = vec![0.0; panels * k * MR];
-    for (panel, dst) in packed.chunks_mut(k * MR).enumerate() {
-        let height = MR.min(rows - panel * MR);
+fn pack_a(a: MatrixView, row0: usize, rows: usize, k: usize, mr: usize) -> Vec<f32> {
+    let panels = rows.div_ceil(mr);
+    let mut packed = vec![0.0; panels * k * mr];
+    for (panel, dst) in packed.chunks_mut(k * mr).enumerate() {
+        let height = mr.min(rows - panel * mr);
         for r in 0..height {
-            let row = row0 + panel * MR + r;
+            let row = row0 + panel * mr + r;
             for kk in 0..k {
-                dst[kk * MR + r] = a.get(row, kk);
+                dst[kk * mr + r] = a.get(row, kk);
             }
         }
     }
     packed
 }
 
-fn multiply_tile(mut tile: Tile, packed_a: &[f32], packed_b: &[f32], k: usize) {
+/// The AVX2 + FMA build of `multiply_tile`: the same code, compiled for those instructions.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn multiply_tile_avx2(tile: Tile, packed_a: &[f32], packed_b: &[f32], k: usize) {
+    multiply_tile::<6, 16, true>(tile, packed_a, packed_b, k)
+}
+
+/// One task's block of C from packed panels, with `MR x NR` register tiles; `FMA` uses fused
+/// multiply-adds (only in builds for CPUs that have them, see `multiply_tile_avx2`).
+#[inline(always)]
+fn multiply_tile<const MR: usize, const NR: usize, const FMA: bool>(
+    mut tile: Tile,
+    packed_a: &[f32],
+    packed_b: &[f32],
+    k: usize,
+) {
     let width = tile.rows.first().map_or(0, |row| row.len());
     let row_panels = tile.rows.len().div_ceil(MR);
     let first_panel = tile.col0 / NR;
@@ -210,7 +298,7 @@ fn multiply_tile(mut tile: Tile, packed_a: &[f32], packed_b: &[f32], k: usize) {
             let cols = NR.min(width - j0);
             for row_panel in 0..row_panels {
                 let a_slice = &packed_a[row_panel * k * MR + k0 * MR..][..kc * MR];
-                let acc = micro_kernel(a_slice, b_slice);
+                let acc = micro_kernel::<MR, NR, FMA>(a_slice, b_slice);
                 let height = MR.min(tile.rows.len() - row_panel * MR);
                 for (r, acc_row) in acc.iter().enumerate().take(height) {
                     let dst = &mut tile.rows[row_panel * MR + r][j0..j0 + cols];
@@ -320,16 +408,25 @@ fn dot(x: &[f32], y: &[f32]) -> f32 {
 
 /// One MR x NR tile of A-panel times B-panel over a K slice, accumulated in registers in k order.
 #[inline(always)]
-fn micro_kernel(a_slice: &[f32], b_slice: &[f32]) -> [[f32; NR]; MR] {
+fn micro_kernel<const MR: usize, const NR: usize, const FMA: bool>(
+    a_slice: &[f32],
+    b_slice: &[f32],
+) -> [[f32; NR]; MR] {
     let mut acc = [[0.0f32; NR]; MR];
     for (a_col, b_row) in a_slice.chunks_exact(MR).zip(b_slice.chunks_exact(NR)) {
         // chunks_exact yields exactly MR / NR values, so these conversions cannot fail; the
         // fixed-size arrays let the compiler drop bounds checks and vectorize across NR.
-        let a_col: &[f32; MR] = a_col.try_into().unwrap();
-        let b_row: &[f32; NR] = b_row.try_into().unwrap();
+        let (Ok(a_col), Ok(b_row)) = (<&[f32; MR]>::try_from(a_col), <&[f32; NR]>::try_from(b_row))
+        else {
+            continue;
+        };
         for (acc_row, &a_value) in acc.iter_mut().zip(a_col) {
             for (c, &b_value) in acc_row.iter_mut().zip(b_row) {
-                *c += a_value * b_value;
+                *c = if FMA {
+                    a_value.mul_add(b_value, *c)
+                } else {
+                    *c + a_value * b_value
+                };
             }
         }
     }

@@ -30,7 +30,7 @@ pub use elementwise::{BinaryOp, UnaryOp, binary, broadcast_shape, unary};
 pub use fused::map_fused;
 pub use index::{concat, gather_rows, pad_narrow, scatter_add_rows};
 pub use loss::{LabelOutOfRange, cross_entropy, cross_entropy_grad};
-pub use matmul::matmul;
+pub use matmul::{GemmKernel, gemm_kernel, gemm_kernels, matmul, matmul_with};
 pub use pool::{avg_pool2d, avg_pool2d_grad, max_pool2d, max_pool2d_grad};
 pub use random::dropout_mask;
 pub use reduce::{ReduceOp, max_grad, reduce, sum_to};

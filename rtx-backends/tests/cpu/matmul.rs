@@ -1,5 +1,5 @@
 use rtx_backends::Layout;
-use rtx_backends::cpu::matmul;
+use rtx_backends::cpu::{gemm_kernels, matmul, matmul_with};
 
 use crate::common::*;
 
@@ -177,5 +177,28 @@ fn few_rows_agree_with_the_packed_path() {
             lb,
             "three rows",
         );
+    }
+}
+
+#[test]
+fn every_micro_kernel_this_cpu_runs_matches_the_naive_product() {
+    // Odd sizes around every tile edge, a K beyond one slice, and a transposed B.
+    let mut rng = Rng::new(24);
+    for kernel in gemm_kernels() {
+        for (m, k, n) in [(5, 3, 17), (7, 300, 33), (13, 257, 1), (65, 31, 255)] {
+            let (a, b) = (rng.vec(m * k), rng.vec(k * n));
+            let la = Layout::contiguous(&[m, k]);
+            let lb_t = Layout {
+                shape: vec![k, n],
+                strides: vec![1, k],
+                offset: 0,
+            };
+            for lb in [Layout::contiguous(&[k, n]), lb_t] {
+                let (got, _) = matmul_with(kernel, &a, &la, &b, &lb);
+                let (want, _) = matmul_naive(&read(&a, &la), &la.shape, &read(&b, &lb), &lb.shape);
+                let what = format!("{kernel:?} {m}x{k}x{n}");
+                assert_close(&got, &want, 1e-4 * (k as f64).sqrt(), 1e-4, &what);
+            }
+        }
     }
 }
