@@ -16,6 +16,7 @@ pub mod fusion;
 pub mod graph;
 pub mod infer;
 pub mod library;
+pub mod memory;
 pub mod op;
 pub mod reference;
 pub mod rewrite;

@@ -220,7 +220,10 @@ pub fn schedule(
             out.extend(leaf(ir, id, params, f));
         }
     }
-    for s in &steps {
+    // Each intermediate is dropped after the last step that reads it, so its buffer goes back
+    // to the cache for the next kernel of that size (`rtx_ir::memory`).
+    let deaths = rtx_ir::memory::deaths(ir, &steps, roots);
+    for (s, dead) in steps.iter().zip(&deaths) {
         out.extend(match s {
             Step::Kernel(id) => kernel(ir, *id),
             Step::Fused {
@@ -230,6 +233,10 @@ pub fn schedule(
                 outputs,
             } => fused(ir, *shape_of, inputs, body, outputs),
         });
+        for &v in dead {
+            let v = value(v);
+            out.extend(quote!(::core::mem::drop(#v);));
+        }
     }
     out
 }

@@ -1,0 +1,236 @@
+//! Liveness over a kernel schedule: when each value dies, and the peak memory of a call.
+//!
+//! The generated code drops every intermediate right after the last step that reads it, so
+//! its buffer returns to the runtime's buffer cache and the next kernel of that size reuses
+//! it; `memory_report` computes what that schedule holds at its peak for given symbol values,
+//! next to the sum of all intermediates (what an interpreter that keeps every value holds).
+//!
+//! Views (permute, broadcast, narrow, a concat's gradient slices) share their source's buffer:
+//! they allocate nothing and keep the source alive while they are.
+
+use crate::fusion::Step;
+use crate::graph::{GraphFn, NodeId};
+use crate::op::{DType, Op};
+use std::collections::HashMap;
+
+/// Ops whose result is a view of their first argument's buffer.
+pub fn is_view(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Permute { .. } | Op::BroadcastTo | Op::Narrow { .. } | Op::ConcatGrad { .. }
+    )
+}
+
+/// The values each step computes, in order.
+pub fn step_outputs(step: &Step) -> Vec<NodeId> {
+    match step {
+        Step::Kernel(id) => vec![*id],
+        Step::Fused { outputs, .. } => outputs.clone(),
+    }
+}
+
+/// The values each step reads.
+fn step_inputs(f: &GraphFn, step: &Step) -> Vec<NodeId> {
+    match step {
+        Step::Kernel(id) => f.graph.node(*id).args.clone(),
+        Step::Fused { inputs, .. } => inputs.clone(),
+    }
+}
+
+/// For each step, the values computed by earlier steps (or by it) that nothing after it reads:
+/// the generated code drops them there. `roots` (the results) never die.
+pub fn deaths(f: &GraphFn, steps: &[Step], roots: &[NodeId]) -> Vec<Vec<NodeId>> {
+    let mut last_read: HashMap<NodeId, usize> = HashMap::new();
+    for (i, step) in steps.iter().enumerate() {
+        for v in step_outputs(step) {
+            last_read.entry(v).or_insert(i);
+        }
+        for v in step_inputs(f, step) {
+            last_read.insert(v, i);
+        }
+    }
+    let mut out = vec![Vec::new(); steps.len()];
+    let mut dying: Vec<(NodeId, usize)> = last_read
+        .into_iter()
+        .filter(|(v, _)| !roots.contains(v))
+        .collect();
+    dying.sort_unstable();
+    for (v, i) in dying {
+        // Only values a step computed are owned by the function; leaves belong to the caller.
+        if steps[..=i].iter().any(|s| step_outputs(s).contains(&v)) {
+            out[i].push(v);
+        }
+    }
+    out
+}
+
+/// What a call of a scheduled function holds in intermediate buffers, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// The most bytes alive at once when every value is dropped after its last read.
+    pub peak_bytes: u128,
+    /// Every intermediate's bytes added up: what keeping all values until the end holds.
+    pub total_bytes: u128,
+}
+
+/// The memory of running `steps` of `f` with the symbols bound to `env` (e.g. `B = 256`).
+/// `None` when a dimension cannot be evaluated with `env`.
+pub fn memory_report(
+    f: &GraphFn,
+    steps: &[Step],
+    roots: &[NodeId],
+    env: &HashMap<String, i64>,
+) -> Option<MemoryReport> {
+    let bytes_of = |v: NodeId| -> Option<u128> {
+        let node = f.graph.node(v);
+        if is_view(&node.op) {
+            return Some(0);
+        }
+        let elems = node.shape.iter().try_fold(1u128, |n, d| {
+            let d = u128::try_from(d.eval(env)?).ok()?;
+            Some(n.saturating_mul(d))
+        })?;
+        let width = if node.dtype == DType::I64 { 8 } else { 4 };
+        Some(elems.saturating_mul(width))
+    };
+    // A view keeps its source's buffer: count the buffer as alive until its views die.
+    let owner = |mut v: NodeId| {
+        while is_view(&f.graph.node(v).op) {
+            match f.graph.node(v).args.first() {
+                Some(&src) => v = src,
+                None => break,
+            }
+        }
+        v
+    };
+    let deaths = deaths(f, steps, roots);
+    let mut last_alias: HashMap<NodeId, usize> = HashMap::new();
+    for (i, dead) in deaths.iter().enumerate() {
+        for &v in dead {
+            let o = owner(v);
+            let e = last_alias.entry(o).or_insert(i);
+            *e = (*e).max(i);
+        }
+    }
+    // Buffers read by a root through a view stay to the end.
+    for &r in roots {
+        last_alias.insert(owner(r), usize::MAX);
+    }
+    let (mut live, mut peak, mut total) = (0u128, 0u128, 0u128);
+    let mut frees: Vec<Vec<u128>> = vec![Vec::new(); steps.len()];
+    for (i, step) in steps.iter().enumerate() {
+        for v in step_outputs(step) {
+            let b = bytes_of(v)?;
+            live += b;
+            total += b;
+            match last_alias.get(&v) {
+                Some(&end) if end < steps.len() => frees[end.max(i)].push(b),
+                _ => {}
+            }
+        }
+        peak = peak.max(live);
+        for b in frees[i].drain(..) {
+            live -= b;
+        }
+    }
+    Some(MemoryReport {
+        peak_bytes: peak,
+        total_bytes: total,
+    })
+}
+
+impl GraphFn {
+    /// The results a call materializes: the output and, for a differentiated function, every
+    /// gradient.
+    pub fn roots(&self) -> Vec<NodeId> {
+        let mut roots = vec![self.output];
+        roots.extend(self.grads.iter().filter_map(|g| g.grad));
+        roots
+    }
+
+    /// The memory of the fused schedule the macro generates for this function (forward and
+    /// backward: what `<name>_and_grads` runs), with the symbols bound as in `symbols`.
+    pub fn memory_report(&self, symbols: &[(&str, usize)]) -> Option<MemoryReport> {
+        let env: HashMap<String, i64> = symbols
+            .iter()
+            .map(|(s, v)| Some((s.to_string(), i64::try_from(*v).ok()?)))
+            .collect::<Option<_>>()?;
+        let roots = self.roots();
+        let steps = crate::fusion::plan(&self.graph, self.graph.len(), &roots);
+        memory_report(self, &steps, &roots, &env)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dim::Dim;
+    use crate::graph::Graph;
+    use crate::infer::Unifier;
+
+    /// x -> exp -> matmul(., x) -> log -> matmul(., x): four [B, 4] intermediates in a row.
+    fn chain() -> GraphFn {
+        let (mut g, mut u) = (Graph::default(), Unifier::default());
+        let x = g
+            .push(
+                Op::Input {
+                    index: 0,
+                    name: "x".into(),
+                    shape: vec![Dim::sym("B"), Dim::known(4)],
+                    dtype: DType::F32,
+                },
+                &[],
+                &mut u,
+            )
+            .unwrap();
+        let w = g
+            .push(
+                Op::Param {
+                    name: "w".into(),
+                    shape: vec![Dim::known(4), Dim::known(4)],
+                },
+                &[],
+                &mut u,
+            )
+            .unwrap();
+        let a = g.push(Op::Exp, &[x], &mut u).unwrap();
+        let b = g.push(Op::MatMul, &[a, w], &mut u).unwrap();
+        let c = g.push(Op::Log, &[b], &mut u).unwrap();
+        let d = g.push(Op::MatMul, &[c, w], &mut u).unwrap();
+        GraphFn {
+            name: "f".into(),
+            symbols: vec!["B".into()],
+            forward_len: g.len(),
+            graph: g,
+            output: d,
+            grads: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn each_value_dies_after_its_last_reader() {
+        let f = chain();
+        let steps = crate::fusion::plan(&f.graph, f.graph.len(), &[f.output]);
+
+        let deaths = deaths(&f, &steps, &[f.output]);
+
+        // exp dies at the first matmul, the matmul at log, log at the last matmul.
+        assert_eq!(deaths, vec![vec![], vec![2], vec![3], vec![4]]);
+    }
+
+    #[test]
+    fn the_peak_holds_two_buffers_of_the_chain_not_four() {
+        let f = chain();
+
+        let report = f.memory_report(&[("B", 10)]).unwrap();
+
+        let one = 10 * 4 * 4;
+        assert_eq!(report.total_bytes, 4 * one);
+        assert_eq!(report.peak_bytes, 2 * one);
+    }
+
+    #[test]
+    fn an_unbound_symbol_gives_no_report() {
+        assert!(chain().memory_report(&[]).is_none());
+    }
+}
