@@ -31,9 +31,22 @@ fn for_each_param<M: Module>(
             });
             return;
         }
-        let (mut p, g) = match (t.to_vec_f32(), g.to_vec_f32()) {
-            (Ok(p), Ok(g)) => (p, g),
-            (Err(e), _) | (_, Err(e)) => {
+        let g = match g.f32_contiguous() {
+            Ok(g) => g,
+            Err(e) => {
+                first_err = Some(e);
+                return;
+            }
+        };
+        // In place when the model alone holds the parameter's buffer (the usual case after
+        // `loss_and_grads`); otherwise on a copy that replaces it.
+        if let Some(p) = t.f32_in_place() {
+            update(name, p, &g);
+            return;
+        }
+        let mut p = match t.to_vec_f32() {
+            Ok(p) => p,
+            Err(e) => {
                 first_err = Some(e);
                 return;
             }

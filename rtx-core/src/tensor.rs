@@ -136,6 +136,29 @@ impl Tensor {
     }
 
     /// The f32 buffer and layout, for kernels.
+    /// The elements as one mutable slice, when this tensor alone owns a contiguous f32 buffer:
+    /// optimizers update parameters in place through it instead of copying them.
+    pub(crate) fn f32_in_place(&mut self) -> Option<&mut [f32]> {
+        if !self.layout.is_contiguous() {
+            return None;
+        }
+        let (offset, n) = (self.layout.offset, self.layout.numel());
+        match Arc::get_mut(&mut self.storage)? {
+            Storage::F32(v) => v.get_mut(offset..offset + n),
+            Storage::I64(_) => None,
+        }
+    }
+
+    /// The elements in row-major order, borrowed when the buffer already holds them so.
+    pub(crate) fn f32_contiguous(&self) -> Result<std::borrow::Cow<'_, [f32]>> {
+        let (data, layout) = self.f32_parts("f32_contiguous")?;
+        Ok(if layout.is_contiguous() {
+            std::borrow::Cow::Borrowed(&data[layout.offset..layout.offset + layout.numel()])
+        } else {
+            std::borrow::Cow::Owned(self.to_vec_f32()?)
+        })
+    }
+
     pub fn f32_parts(&self, context: &str) -> Result<(&[f32], &Layout)> {
         match &*self.storage {
             Storage::F32(v) => Ok((v, &self.layout)),

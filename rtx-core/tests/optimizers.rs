@@ -335,3 +335,39 @@ fn adam_adds_eps_outside_the_square_root() {
         "adam small gradients",
     );
 }
+
+#[test]
+fn a_parameter_the_model_alone_holds_is_updated_in_place() {
+    let (p0, grads) = setup(40);
+    let mut model = Tiny {
+        w: Tensor::from_vec(p0.clone(), &[3]).unwrap(),
+    };
+    let before = model.w.f32_parts("test").unwrap().0.as_ptr();
+
+    AdamW::new(0.1)
+        .step(&mut model, &grads_of(&grads[0]))
+        .unwrap();
+
+    assert_eq!(model.w.f32_parts("test").unwrap().0.as_ptr(), before);
+    assert_ne!(model.w.to_vec_f32().unwrap(), p0);
+}
+
+#[test]
+fn a_parameter_shared_with_another_tensor_is_copied_not_changed_under_it() {
+    let (p0, grads) = setup(41);
+    let mut model = Tiny {
+        w: Tensor::from_vec(p0.clone(), &[3]).unwrap(),
+    };
+    let kept = model.w.clone();
+
+    Sgd::new(0.5)
+        .step(&mut model, &grads_of(&grads[0]))
+        .unwrap();
+
+    assert_eq!(
+        kept.to_vec_f32().unwrap(),
+        p0,
+        "the other tensor must keep its values"
+    );
+    assert_ne!(model.w.to_vec_f32().unwrap(), p0);
+}
