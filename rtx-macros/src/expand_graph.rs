@@ -158,7 +158,16 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
 
     let (graph, rest) = take_graph(&input.item_impl, &cx);
     let Some(graph) = graph else {
-        cx.error_spanned_by(&input.item_impl.self_ty, "a #[model] impl needs a `graph! { fn forward<B>(&self, x: [B, ..]) -> [..] { .. } }` block");
+        // A graph! block that failed to parse has reported its error; saying it is missing
+        // would be a second, false one.
+        let has_block = input
+            .item_impl
+            .items
+            .iter()
+            .any(|it| matches!(it, syn::ImplItem::Macro(m) if m.mac.path.is_ident("graph")));
+        if !has_block {
+            cx.error_spanned_by(&input.item_impl.self_ty, "a #[model] impl needs a `graph! { fn forward<B>(&self, x: [B, ..]) -> [..] { .. } }` block");
+        }
         cx.check()?;
         return Ok(TokenStream::new());
     };

@@ -1,0 +1,17 @@
+use rtx_core::prelude::*;
+
+#[model]
+pub struct Clf {
+    fc: Linear<64, 10>,
+}
+
+#[model]
+impl Clf {
+    graph! {
+        fn loss<B>(&self, x: [B, 64], #[grad] y: i64[B]) -> [] {
+            cross_entropy(self.fc(x), y)
+        }
+    }
+}
+
+fn main() {}
