@@ -13,6 +13,12 @@
 //!   order of the input, which is where PyTorch's CPU kernels route the gradient;
 //! - a NaN beats every number in a maximum (PyTorch propagates NaN through `max`).
 
+// One file on purpose: `eval` is the single exhaustive `match` giving every core op its
+// float64 meaning, and the helpers below it (windows, reductions, softmax, conv) are each used
+// by one arm. It is the oracle every backend is tested against, so keeping it in one reading
+// order matters more than size; it shrinks as composite ops become library compositions,
+// which need no reference of their own.
+
 use crate::dim::{Atom, Dim};
 use crate::graph::Graph;
 use crate::op::{DType, Op};

@@ -117,6 +117,8 @@ pub fn rules() -> Vec<Rewrite<CoreLang, ConstFold>> {
     ]
 }
 
+/// Condition of a rule: `var` is bound to a constant. Only called from `rules()` with literal
+/// variable names, so the parse cannot fail on anything a user writes.
 fn is_const(var: &str) -> impl Fn(&mut EGraph<CoreLang, ConstFold>, Id, &egg::Subst) -> bool {
     let var: egg::Var = var.parse().expect("a pattern variable");
     move |egraph, _, subst| egraph[subst[var]].data.is_some()

@@ -67,14 +67,23 @@ impl GemmKernel {
     }
 }
 
+/// Whether this CPU can run `kernel` (std caches the feature detection).
+fn supported(kernel: GemmKernel) -> bool {
+    match kernel {
+        GemmKernel::Portable => true,
+        #[cfg(target_arch = "x86_64")]
+        GemmKernel::Avx2Fma => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+        #[cfg(not(target_arch = "x86_64"))]
+        GemmKernel::Avx2Fma => false,
+    }
+}
+
 /// Every kernel this CPU can run, the best last.
 pub fn gemm_kernels() -> Vec<GemmKernel> {
-    let mut all = vec![GemmKernel::Portable];
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        all.push(GemmKernel::Avx2Fma);
-    }
-    all
+    [GemmKernel::Portable, GemmKernel::Avx2Fma]
+        .into_iter()
+        .filter(|&k| supported(k))
+        .collect()
 }
 
 /// The kernel `matmul` uses: the best this CPU runs, or the portable one when the environment
@@ -106,7 +115,7 @@ pub fn matmul_with(
     b: &[f32],
     lb: &Layout,
 ) -> (Vec<f32>, Vec<usize>) {
-    let kernel = if gemm_kernels().contains(&kernel) {
+    let kernel = if supported(kernel) {
         kernel
     } else {
         GemmKernel::Portable

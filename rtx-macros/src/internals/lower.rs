@@ -5,6 +5,11 @@
 //! Calls to other graph functions and to nested `#[model]` fields are inlined, so the whole
 //! model is one graph to differentiate.
 
+// One file for now: the hand lowering of the ops with structural arguments (axes, target
+// shapes, windows, layers) and the name resolution they share (`Scope`). Ops that fit the
+// library table's form already moved to `rtx_ir::library` (see `library_call.rs`); the rest
+// move there as the table learns axis and shape arguments, which is where this file shrinks.
+
 use super::ast::{ElemType, FieldKind, GraphDef, GraphFnDef, ModelStruct, dim_from_expr};
 use super::ctxt::Ctxt;
 use proc_macro2::TokenStream;
