@@ -4,24 +4,30 @@
 //! every kernel reads its inputs through a `Layout` and is correct on strided and broadcast
 //! inputs. Kernels always write contiguous (row-major) outputs.
 
+use smallvec::{SmallVec, smallvec};
+
+/// A shape or its strides. Up to six axes live inline, so building a layout (every kernel
+/// output, every view) allocates nothing: a training step after the first allocates no memory.
+pub type Dims = SmallVec<[usize; 6]>;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
-    pub shape: Vec<usize>,
-    pub strides: Vec<usize>,
+    pub shape: Dims,
+    pub strides: Dims,
     pub offset: usize,
 }
 
 impl Layout {
     /// Row-major layout of a fresh buffer.
     pub fn contiguous(shape: &[usize]) -> Layout {
-        let mut strides = vec![0; shape.len()];
+        let mut strides: Dims = smallvec![0; shape.len()];
         let mut acc = 1;
         for i in (0..shape.len()).rev() {
             strides[i] = acc;
             acc *= shape[i];
         }
         Layout {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             offset: 0,
         }
@@ -61,7 +67,7 @@ impl Layout {
     /// The caller guarantees the shapes are broadcast-compatible.
     pub fn broadcast_to(&self, shape: &[usize]) -> Layout {
         let extra = shape.len() - self.shape.len();
-        let mut strides = vec![0; shape.len()];
+        let mut strides: Dims = smallvec![0; shape.len()];
         for i in 0..self.shape.len() {
             strides[extra + i] = if self.shape[i] == 1 && shape[extra + i] != 1 {
                 0
@@ -70,7 +76,7 @@ impl Layout {
             };
         }
         Layout {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             offset: self.offset,
         }
@@ -93,7 +99,7 @@ impl Layout {
 /// Iterates the buffer positions of a layout in row-major order without allocating per step.
 pub struct StridedIndex<'a> {
     layout: &'a Layout,
-    counter: Vec<usize>,
+    counter: Dims,
     next: Option<usize>,
 }
 
@@ -106,7 +112,7 @@ impl<'a> StridedIndex<'a> {
         };
         StridedIndex {
             layout,
-            counter: vec![0; layout.rank()],
+            counter: smallvec![0; layout.rank()],
             next,
         }
     }

@@ -58,6 +58,22 @@ pub fn take_zeroed(len: usize) -> Vec<f32> {
     }
 }
 
+/// A kernel's workspace buffer that goes back to the cache when dropped.
+pub(crate) struct Scratch(pub(crate) Vec<f32>);
+
+impl std::ops::Deref for Scratch {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        give_back(std::mem::take(&mut self.0));
+    }
+}
+
 /// Keeps `buffer` for a later `take` of its length, or frees it when the cache is full.
 pub fn give_back(buffer: Vec<f32>) {
     let len = buffer.len();

@@ -7,14 +7,16 @@ use crate::tensor::{DType, Tensor, fmt_dims};
 
 pub struct Binder {
     function: &'static str,
-    bound: Vec<(&'static str, usize, &'static str)>,
+    /// Symbols bound so far; inline for the few a function has, so entry checks allocate
+    /// nothing.
+    bound: smallvec::SmallVec<[(&'static str, usize, &'static str); 4]>,
 }
 
 impl Binder {
     pub fn new(function: &'static str) -> Binder {
         Binder {
             function,
-            bound: Vec::new(),
+            bound: smallvec::SmallVec::new(),
         }
     }
 

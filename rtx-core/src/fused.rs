@@ -31,13 +31,14 @@ pub fn fused<const N: usize, const M: usize, F>(
 where
     F: Fn([f32; N]) -> [f32; M] + Sync,
 {
-    let mut parts: Vec<(&[f32], rtx_backends::Layout)> = Vec::with_capacity(N);
-    for t in inputs {
-        let (data, layout) = t.f32_parts("fused kernel")?;
-        parts.push((data, layout.broadcast_to(shape)));
+    let mut data: [&[f32]; N] = [&[]; N];
+    for (slot, t) in data.iter_mut().zip(inputs) {
+        *slot = t.f32_parts("fused kernel")?.0;
     }
+    let layouts: [rtx_backends::Layout; N] =
+        std::array::from_fn(|k| inputs[k].layout().broadcast_to(shape));
     let args: [(&[f32], &rtx_backends::Layout); N] =
-        std::array::from_fn(|k| (parts[k].0, &parts[k].1));
+        std::array::from_fn(|k| (data[k], &layouts[k]));
     let outs = cpu::map_fused(args, shape, body);
     Ok(outs.map(|data| Tensor::from_kernel(data, shape)))
 }

@@ -1,7 +1,7 @@
 //! Built-in layers. Each is a `Module` with PyTorch's parameter names, layouts and default
 //! initialization; `graph!` knows their call semantics and shapes from their type parameters.
 
-use crate::module::{Module, join_name};
+use crate::module::{Module, with_name};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 
@@ -35,12 +35,12 @@ impl<const IN: usize, const OUT: usize> Module for Linear<IN, OUT> {
         }
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
-        f(&join_name(prefix, "weight"), &self.weight);
-        f(&join_name(prefix, "bias"), &self.bias);
+        with_name(prefix, "weight", |name| f(name, &self.weight));
+        with_name(prefix, "bias", |name| f(name, &self.bias));
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
-        f(&join_name(prefix, "weight"), &mut self.weight);
-        f(&join_name(prefix, "bias"), &mut self.bias);
+        with_name(prefix, "weight", |name| f(name, &mut self.weight));
+        with_name(prefix, "bias", |name| f(name, &mut self.bias));
     }
 }
 
@@ -69,12 +69,12 @@ impl<const C_IN: usize, const C_OUT: usize, const K: usize, const STRIDE: usize,
         }
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
-        f(&join_name(prefix, "weight"), &self.weight);
-        f(&join_name(prefix, "bias"), &self.bias);
+        with_name(prefix, "weight", |name| f(name, &self.weight));
+        with_name(prefix, "bias", |name| f(name, &self.bias));
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
-        f(&join_name(prefix, "weight"), &mut self.weight);
-        f(&join_name(prefix, "bias"), &mut self.bias);
+        with_name(prefix, "weight", |name| f(name, &mut self.weight));
+        with_name(prefix, "bias", |name| f(name, &mut self.bias));
     }
 }
 
@@ -91,10 +91,10 @@ impl<const V: usize, const D: usize> Module for Embedding<V, D> {
         }
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
-        f(&join_name(prefix, "weight"), &self.weight);
+        with_name(prefix, "weight", |name| f(name, &self.weight));
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
-        f(&join_name(prefix, "weight"), &mut self.weight);
+        with_name(prefix, "weight", |name| f(name, &mut self.weight));
     }
 }
 
@@ -117,12 +117,12 @@ impl<const D: usize> Module for LayerNorm<D> {
         }
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
-        f(&join_name(prefix, "weight"), &self.weight);
-        f(&join_name(prefix, "bias"), &self.bias);
+        with_name(prefix, "weight", |name| f(name, &self.weight));
+        with_name(prefix, "bias", |name| f(name, &self.bias));
     }
     fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
-        f(&join_name(prefix, "weight"), &mut self.weight);
-        f(&join_name(prefix, "bias"), &mut self.bias);
+        with_name(prefix, "weight", |name| f(name, &mut self.weight));
+        with_name(prefix, "bias", |name| f(name, &mut self.bias));
     }
 }
 

@@ -24,7 +24,7 @@ pub mod tensor;
 pub use ctx::Ctx;
 pub use error::{Result, RtxError};
 pub use layers::{Conv2d, Embedding, LayerNorm, Linear, Param1, Param2, Param3, Param4};
-pub use module::{Grads, Module, join_name};
+pub use module::{Grads, Module, join_name, with_name};
 pub use rng::Rng;
 pub use tensor::{DType, Tensor};
 

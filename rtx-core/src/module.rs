@@ -3,6 +3,8 @@
 
 use crate::rng::Rng;
 use crate::tensor::Tensor;
+use std::borrow::Cow;
+use std::cell::Cell;
 
 pub trait Module {
     /// Fresh parameters drawn from `rng` with PyTorch's default scheme for each layer.
@@ -41,26 +43,71 @@ pub trait Module {
 
 /// `prefix.name`, or `name` at the top level.
 pub fn join_name(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() {
-        name.to_string()
-    } else {
-        format!("{prefix}.{name}")
+    let mut out = String::new();
+    write_name(&mut out, prefix, name);
+    out
+}
+
+fn write_name(out: &mut String, prefix: &str, name: &str) {
+    out.clear();
+    if !prefix.is_empty() {
+        out.push_str(prefix);
+        out.push('.');
     }
+    out.push_str(name);
+}
+
+thread_local! {
+    /// Name buffers for `with_name`, one per nesting level in use, kept between calls.
+    static NAME_BUFFERS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Calls `f` with `prefix.name` (or `name` at the top level) built in a reused buffer, so
+/// visiting a model's parameters allocates nothing once the buffers exist (an optimizer step
+/// visits them every step).
+pub fn with_name<R>(prefix: &str, name: &str, f: impl FnOnce(&str) -> R) -> R {
+    let mut buffer = NAME_BUFFERS
+        .with(|b| b.borrow_mut().pop())
+        .unwrap_or_default();
+    write_name(&mut buffer, prefix, name);
+    let result = f(&buffer);
+    NAME_BUFFERS.with(|b| b.borrow_mut().push(buffer));
+    result
+}
+
+type GradEntries = Vec<(Cow<'static, str>, Tensor)>;
+
+thread_local! {
+    /// The entry list of the last dropped `Grads`, reused by the next (a training step makes
+    /// one per step).
+    static SPARE_ENTRIES: Cell<GradEntries> = const { Cell::new(Vec::new()) };
 }
 
 /// Gradients of a scalar with respect to every parameter, in the model's parameter order.
 #[derive(Clone, Debug, Default)]
 pub struct Grads {
-    entries: Vec<(String, Tensor)>,
+    entries: GradEntries,
+}
+
+impl Drop for Grads {
+    fn drop(&mut self) {
+        let mut entries = std::mem::take(&mut self.entries);
+        entries.clear();
+        SPARE_ENTRIES.with(|spare| spare.set(entries));
+    }
 }
 
 impl Grads {
     pub fn new() -> Grads {
-        Grads::default()
+        Grads {
+            entries: SPARE_ENTRIES.with(Cell::take),
+        }
     }
 
-    pub fn push(&mut self, name: &str, grad: Tensor) {
-        self.entries.push((name.to_string(), grad));
+    /// Adds the gradient of `name`; a `&'static str` name (what compiled models pass) is kept
+    /// without a copy.
+    pub fn push(&mut self, name: impl Into<Cow<'static, str>>, grad: Tensor) {
+        self.entries.push((name.into(), grad));
     }
 
     pub fn get(&self, name: &str) -> Option<&Tensor> {
@@ -68,7 +115,7 @@ impl Grads {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Tensor)> {
-        self.entries.iter().map(|(n, t)| (n.as_str(), t))
+        self.entries.iter().map(|(n, t)| (n.as_ref(), t))
     }
 
     pub fn len(&self) -> usize {

@@ -103,8 +103,8 @@ fn reduce(op: &Op, x: &Tensor, k: ReduceOp, axes: &[usize], keepdim: bool) -> Re
 fn unreduce_layout(g: &Layout, shape: &[usize], axes: &[usize], keepdim: bool) -> Layout {
     let mut l = g.clone();
     if !keepdim {
-        let mut s = Vec::with_capacity(shape.len());
-        let mut st = Vec::with_capacity(shape.len());
+        let mut s = rtx_backends::layout::Dims::new();
+        let mut st = rtx_backends::layout::Dims::new();
         let mut j = 0;
         for i in 0..shape.len() {
             if axes.contains(&i) {
@@ -180,7 +180,6 @@ fn check_size(op: &Op, args: &[&Tensor], out_shape: &[usize]) -> Result<()> {
 /// per node. Arguments that did not pass the rule may panic inside a kernel.
 #[doc(hidden)]
 pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) -> Result<Tensor> {
-    let out_shape = out_shape.to_vec();
     let a = |i: usize| args[i];
     Ok(match op {
         Op::Input { name, .. } => {
@@ -221,7 +220,7 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             binary(op, a(0), a(1), k)?
         }
         Op::Select => {
-            let [out] = crate::fused::fused([a(0), a(1), a(2)], &out_shape, |[c, x, y]| {
+            let [out] = crate::fused::fused([a(0), a(1), a(2)], out_shape, |[c, x, y]| {
                 [cpu::scalar::select(c, x, y)]
             })?;
             out
@@ -238,38 +237,38 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         }
         Op::Softmax { axis } => {
             let (d, l) = f32s(a(0), op)?;
-            Tensor::from_kernel(cpu::softmax(d, l, *axis), &out_shape)
+            Tensor::from_kernel(cpu::softmax(d, l, *axis), out_shape)
         }
         Op::LogSoftmax { axis } => {
             let (d, l) = f32s(a(0), op)?;
-            Tensor::from_kernel(cpu::log_softmax(d, l, *axis), &out_shape)
+            Tensor::from_kernel(cpu::log_softmax(d, l, *axis), out_shape)
         }
         Op::SoftmaxGrad { axis } => {
             let ((dy, ly), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
-            Tensor::from_kernel(cpu::softmax_grad(dy, ly, dg, lg, *axis), &out_shape)
+            Tensor::from_kernel(cpu::softmax_grad(dy, ly, dg, lg, *axis), out_shape)
         }
         Op::LogSoftmaxGrad { axis } => {
             let ((dy, ly), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
-            Tensor::from_kernel(cpu::log_softmax_grad(dy, ly, dg, lg, *axis), &out_shape)
+            Tensor::from_kernel(cpu::log_softmax_grad(dy, ly, dg, lg, *axis), out_shape)
         }
         Op::CrossEntropy => {
             let (d, l) = f32s(a(0), op)?;
-            let labels = a(1).to_vec_i64()?;
+            let labels = a(1).i64_contiguous("cross_entropy labels")?;
             Tensor::scalar(cpu::cross_entropy(d, l, &labels).map_err(label_error)?)
         }
         Op::CrossEntropyGrad => {
             let (d, l) = f32s(a(0), op)?;
-            let labels = a(1).to_vec_i64()?;
+            let labels = a(1).i64_contiguous("cross_entropy labels")?;
             let g = a(2).item()?;
             Tensor::from_kernel(
                 cpu::cross_entropy_grad(d, l, &labels, g).map_err(label_error)?,
-                &out_shape,
+                out_shape,
             )
         }
         Op::Mse => {
             let diff = binary(op, a(0), a(1), BinaryOp::Sub)?;
             let sq = unary(op, &diff, UnaryOp::PowScalar(2.0))?;
-            let axes: Vec<usize> = (0..sq.rank()).collect();
+            let axes: rtx_backends::layout::Dims = (0..sq.rank()).collect();
             reduce(op, &sq, ReduceOp::Mean, &axes, false)?
         }
         Op::Conv2d { stride, padding } => {
@@ -281,14 +280,14 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             let ((dg, lg), (dw, lw)) = (f32s(a(0), op)?, f32s(a(1), op)?);
             Tensor::from_kernel(
                 cpu::conv2d_grad_input(dg, lg, dw, lw, a(2).shape(), *stride, *padding),
-                &out_shape,
+                out_shape,
             )
         }
         Op::Conv2dGradWeight { stride, padding } => {
             let ((dx, lx), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
             Tensor::from_kernel(
                 cpu::conv2d_grad_weight(dx, lx, dg, lg, a(2).shape(), *stride, *padding),
-                &out_shape,
+                out_shape,
             )
         }
         Op::MaxPool2d {
@@ -308,7 +307,7 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             let ((dx, lx), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
             Tensor::from_kernel(
                 cpu::max_pool2d_grad(dx, lx, dg, lg, *kernel, *stride, *padding),
-                &out_shape,
+                out_shape,
             )
         }
         Op::AvgPool2d {
@@ -328,34 +327,34 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             let (dg, lg) = f32s(a(1), op)?;
             Tensor::from_kernel(
                 cpu::avg_pool2d_grad(dg, lg, a(0).shape(), *kernel, *stride, *padding),
-                &out_shape,
+                out_shape,
             )
         }
         Op::Embedding => {
             let (dt, lt) = f32s(a(0), op)?;
             let ids = ids(a(1), a(0).shape()[0], "embedding ids")?;
-            Tensor::from_kernel(cpu::gather_rows(dt, lt, &ids), &out_shape)
+            Tensor::from_kernel(cpu::gather_rows(dt, lt, &ids), out_shape)
         }
         Op::EmbeddingGrad => {
             let (dg, lg) = f32s(a(0), op)?;
             let vocab = a(2).shape()[0];
             let ids = ids(a(1), vocab, "embedding ids")?;
-            Tensor::from_kernel(cpu::scatter_add_rows(dg, lg, &ids, vocab), &out_shape)
+            Tensor::from_kernel(cpu::scatter_add_rows(dg, lg, &ids, vocab), out_shape)
         }
         Op::DropoutMask { p } => {
             if ctx.train && *p > 0.0 {
                 let seed = ctx.next_seed();
-                Tensor::from_kernel(cpu::dropout_mask(a(0).numel(), *p as f32, seed), &out_shape)
+                Tensor::from_kernel(cpu::dropout_mask(a(0).numel(), *p as f32, seed), out_shape)
             } else {
-                Tensor::full(&out_shape, 1.0)
+                Tensor::full(out_shape, 1.0)
             }
         }
-        Op::Reshape { .. } => a(0).reshape(&out_shape)?,
+        Op::Reshape { .. } => a(0).reshape(out_shape)?,
         Op::Permute { perm } => a(0).with_layout(a(0).layout().permute(perm)),
         Op::Narrow { axis, start, len } => {
             a(0).with_layout(a(0).layout().narrow(*axis, *start, *len))
         }
-        Op::BroadcastTo => a(0).with_layout(a(0).layout().broadcast_to(&out_shape)),
+        Op::BroadcastTo => a(0).with_layout(a(0).layout().broadcast_to(out_shape)),
         Op::Concat { axis } => {
             let parts: Vec<(&[f32], &Layout)> =
                 args.iter().map(|t| f32s(t, op)).collect::<Result<_>>()?;
@@ -366,7 +365,7 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             let (dg, lg) = f32s(a(0), op)?;
             Tensor::from_kernel(
                 cpu::pad_narrow(dg, lg, *axis, *start, a(1).shape()[*axis]),
-                &out_shape,
+                out_shape,
             )
         }
         Op::ConcatGrad { axis, index } => {
@@ -377,20 +376,20 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         }
         Op::SumTo => {
             let (dg, lg) = f32s(a(0), op)?;
-            Tensor::from_kernel(cpu::sum_to(dg, lg, &out_shape), &out_shape)
+            Tensor::from_kernel(cpu::sum_to(dg, lg, out_shape), out_shape)
         }
         Op::MeanGrad { axes, keepdim } => {
             let (dg, lg) = f32s(a(1), op)?;
             let count: usize = axes.iter().map(|&i| out_shape[i]).product();
-            let l = unreduce_layout(lg, &out_shape, axes, *keepdim);
+            let l = unreduce_layout(lg, out_shape, axes, *keepdim);
             Tensor::from_kernel(
                 cpu::unary(UnaryOp::MulScalar(1.0 / count.max(1) as f32), dg, &l),
-                &out_shape,
+                out_shape,
             )
         }
         Op::MaxGrad { axes, keepdim } => {
             let ((dx, lx), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
-            Tensor::from_kernel(cpu::max_grad(dx, lx, dg, lg, axes, *keepdim), &out_shape)
+            Tensor::from_kernel(cpu::max_grad(dx, lx, dg, lg, axes, *keepdim), out_shape)
         }
     })
 }

@@ -102,36 +102,45 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     fn step<M: Module>(&mut self, model: &mut M, grads: &Grads) -> Result<()> {
-        let s = self.clone();
+        let (lr, momentum, dampening, nesterov, wd) = (
+            self.lr,
+            self.momentum,
+            self.dampening,
+            self.nesterov,
+            self.weight_decay,
+        );
         let buffers = &mut self.buffers;
         for_each_param(model, grads, |name, p, g| {
-            let mut d: Vec<f32> = g
-                .iter()
-                .zip(p.iter())
-                .map(|(g, p)| g + s.weight_decay * p)
-                .collect();
-            if s.momentum != 0.0 {
-                let buf = match buffers.get_mut(name) {
-                    Some(b) => {
-                        for (b, d) in b.iter_mut().zip(&d) {
-                            *b = s.momentum * *b + (1.0 - s.dampening) * d;
-                        }
-                        b
+            if momentum == 0.0 {
+                let update = |p: &mut [f32], g: &[f32], _: &mut [f32], _: &mut [f32]| {
+                    for (p, &g) in p.iter_mut().zip(g) {
+                        *p -= lr * (g + wd * *p);
                     }
-                    // PyTorch starts the buffer at the first gradient, undamped.
-                    None => buffers.entry(name.to_string()).or_insert_with(|| d.clone()),
                 };
-                if s.nesterov {
-                    for (d, b) in d.iter_mut().zip(buf.iter()) {
-                        *d += s.momentum * b;
-                    }
-                } else {
-                    d.copy_from_slice(buf);
+                elementwise_in_chunks(p, g, &mut [], &mut [], update);
+                return;
+            }
+            // PyTorch starts the momentum buffer at the first gradient, undamped.
+            let first = !buffers.contains_key(name);
+            if first {
+                buffers.insert(name.to_string(), vec![0.0; p.len()]);
+            }
+            let Some(buffer) = buffers.get_mut(name) else {
+                return;
+            };
+            let update = |p: &mut [f32], g: &[f32], b: &mut [f32], _: &mut [f32]| {
+                for ((p, &g), b) in p.iter_mut().zip(g).zip(b) {
+                    let d = g + wd * *p;
+                    *b = if first {
+                        d
+                    } else {
+                        momentum * *b + (1.0 - dampening) * d
+                    };
+                    let step = if nesterov { d + momentum * *b } else { *b };
+                    *p -= lr * step;
                 }
-            }
-            for (p, d) in p.iter_mut().zip(&d) {
-                *p -= s.lr * d;
-            }
+            };
+            elementwise_in_chunks(p, g, buffer, &mut [], update);
         })
     }
 }
@@ -191,27 +200,71 @@ impl Optimizer for Adam {
         );
         let state = &mut self.state;
         for_each_param(model, grads, |name, p, g| {
-            let st = state.entry(name.to_string()).or_insert_with(|| AdamState {
-                m: vec![0.0; p.len()],
-                v: vec![0.0; p.len()],
-                t: 0,
-            });
+            if !state.contains_key(name) {
+                state.insert(
+                    name.to_string(),
+                    AdamState {
+                        m: vec![0.0; p.len()],
+                        v: vec![0.0; p.len()],
+                        t: 0,
+                    },
+                );
+            }
+            let Some(st) = state.get_mut(name) else {
+                return;
+            };
             st.t += 1;
             let bc1 = 1.0 - b1.powi(st.t);
             let bc2 = 1.0 - b2.powi(st.t);
-            for i in 0..p.len() {
-                let mut gi = g[i];
-                if decoupled {
-                    p[i] *= 1.0 - lr * wd;
-                } else {
-                    gi += wd * p[i];
+            let update = |p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]| {
+                for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
+                    let mut gi = g;
+                    if decoupled {
+                        *p *= 1.0 - lr * wd;
+                    } else {
+                        gi += wd * *p;
+                    }
+                    *m = b1 * *m + (1.0 - b1) * gi;
+                    *v = b2 * *v + (1.0 - b2) * gi * gi;
+                    let denom = (*v / bc2).sqrt() + eps;
+                    *p -= lr * (*m / bc1) / denom;
                 }
-                st.m[i] = b1 * st.m[i] + (1.0 - b1) * gi;
-                st.v[i] = b2 * st.v[i] + (1.0 - b2) * gi * gi;
-                let denom = (st.v[i] / bc2).sqrt() + eps;
-                p[i] -= lr * (st.m[i] / bc1) / denom;
-            }
+            };
+            elementwise_in_chunks(p, g, &mut st.m, &mut st.v, update);
         })
+    }
+}
+
+/// Elements per piece when an update runs in parallel; fixed, and every element's update
+/// depends on that element alone, so results never depend on the thread count.
+const UPDATE_CHUNK: usize = 16 * 1024;
+
+/// Runs an elementwise update over a parameter, its gradient and up to two state buffers of
+/// the same length (empty when unused): in parallel pieces for large parameters, in one pass
+/// otherwise.
+fn elementwise_in_chunks(
+    p: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    update: impl Fn(&mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync + Send,
+) {
+    use rayon::prelude::*;
+    if p.len() <= 4 * UPDATE_CHUNK {
+        update(p, g, m, v);
+        return;
+    }
+    const C: usize = UPDATE_CHUNK;
+    let pieces = p.par_chunks_mut(C).zip(g.par_chunks(C));
+    match (m.is_empty(), v.is_empty()) {
+        (true, _) => pieces.for_each(|(p, g)| update(p, g, &mut [], &mut [])),
+        (false, true) => pieces
+            .zip(m.par_chunks_mut(C))
+            .for_each(|((p, g), m)| update(p, g, m, &mut [])),
+        (false, false) => pieces
+            .zip(m.par_chunks_mut(C))
+            .zip(v.par_chunks_mut(C))
+            .for_each(|(((p, g), m), v)| update(p, g, m, v)),
     }
 }
 

@@ -34,9 +34,63 @@ impl Drop for Storage {
     /// The buffer goes back to the kernels' cache (`rtx_backends::pool`) for the next tensor
     /// of its size.
     fn drop(&mut self) {
-        if let Storage::F32(v) = self {
+        if let Storage::F32(v) = self
+            && v.capacity() > 0
+        {
             rtx_backends::pool::give_back(std::mem::take(v));
         }
+    }
+}
+
+/// At most this many spare tensor handles are kept per thread.
+const SPARE_HANDLES: usize = 1024;
+
+thread_local! {
+    /// Reference-counted storage handles of dropped tensors (holding empty storage), reused by
+    /// the next tensors, so a training step after the first allocates no handles either.
+    static SPARE: std::cell::RefCell<Vec<Arc<Storage>>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// What a dropping tensor holds while its handle is moved to `SPARE`.
+    static PLACEHOLDER: Arc<Storage> = Arc::new(Storage::F32(Vec::new()));
+}
+
+impl Drop for Tensor {
+    fn drop(&mut self) {
+        if Arc::get_mut(&mut self.storage).is_none() {
+            return; // another tensor still reads this buffer
+        }
+        let Ok(placeholder) = PLACEHOLDER.try_with(Arc::clone) else {
+            return; // thread teardown: drop normally
+        };
+        let mut handle = std::mem::replace(&mut self.storage, placeholder);
+        if let Some(storage) = Arc::get_mut(&mut handle) {
+            // The buffer goes back to the kernels' cache here (`Storage::drop`).
+            *storage = Storage::F32(Vec::new());
+        }
+        let _ = SPARE.try_with(|spare| {
+            if let Ok(mut spare) = spare.try_borrow_mut()
+                && spare.len() < SPARE_HANDLES
+            {
+                spare.push(handle);
+            }
+        });
+    }
+}
+
+/// A handle holding `storage`: a spare one when there is one.
+fn handle(storage: Storage) -> Arc<Storage> {
+    let spare = SPARE
+        .try_with(|spare| spare.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+        .ok()
+        .flatten();
+    match spare {
+        Some(mut handle) => match Arc::get_mut(&mut handle) {
+            Some(slot) => {
+                *slot = storage;
+                handle
+            }
+            None => Arc::new(storage),
+        },
+        None => Arc::new(storage),
     }
 }
 
@@ -81,7 +135,7 @@ impl Tensor {
     }
 
     pub fn scalar(v: f32) -> Tensor {
-        Tensor::from_parts(Storage::F32(vec![v]), Layout::contiguous(&[]))
+        Tensor::full(&[], v)
     }
 
     pub fn zeros(shape: &[usize]) -> Tensor {
@@ -89,8 +143,9 @@ impl Tensor {
     }
 
     pub fn full(shape: &[usize], v: f32) -> Tensor {
-        let n = shape.iter().product();
-        Tensor::from_parts(Storage::F32(vec![v; n]), Layout::contiguous(shape))
+        let mut data = rtx_backends::pool::take(shape.iter().product());
+        data.fill(v);
+        Tensor::from_parts(Storage::F32(data), Layout::contiguous(shape))
     }
 
     /// A fresh contiguous f32 tensor; the caller guarantees `data.len()` fits `shape`.
@@ -100,7 +155,7 @@ impl Tensor {
 
     pub(crate) fn from_parts(storage: Storage, layout: Layout) -> Tensor {
         Tensor {
-            storage: Arc::new(storage),
+            storage: handle(storage),
             layout,
         }
     }
@@ -192,6 +247,23 @@ impl Tensor {
         }
     }
 
+    /// Integer elements in row-major order, borrowed when the buffer already holds them so.
+    pub(crate) fn i64_contiguous(&self, context: &str) -> Result<std::borrow::Cow<'_, [i64]>> {
+        match &*self.storage {
+            Storage::I64(v) if self.layout.is_contiguous() => Ok(std::borrow::Cow::Borrowed(
+                &v[self.layout.offset..self.layout.offset + self.layout.numel()],
+            )),
+            Storage::I64(v) => Ok(std::borrow::Cow::Owned(
+                self.layout.indices().map(|i| v[i]).collect(),
+            )),
+            Storage::F32(_) => Err(RtxError::DTypeMismatch {
+                context: context.to_string(),
+                expected: "i64".into(),
+                found: "f32".into(),
+            }),
+        }
+    }
+
     /// The value of a one-element tensor.
     pub fn item(&self) -> Result<f32> {
         if self.numel() != 1 {
@@ -201,7 +273,8 @@ impl Tensor {
                 found: fmt_dims(self.shape()),
             });
         }
-        Ok(self.to_vec_f32()?[0])
+        let (data, layout) = self.f32_parts("Tensor::item")?;
+        Ok(data[layout.offset])
     }
 
     /// Row-major copy if the layout is not contiguous, or a cheap clone.

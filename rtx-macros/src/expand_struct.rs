@@ -54,10 +54,10 @@ pub fn expand(item: syn::ItemStruct) -> syn::Result<TokenStream> {
                 Self { #( #fields: <#tys as ::rtx_core::Module>::init_with(rng), )* }
             }
             fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &::rtx_core::Tensor)) {
-                #( ::rtx_core::Module::visit_params(&self.#fields, &::rtx_core::join_name(prefix, #names), f); )*
+                #( ::rtx_core::with_name(prefix, #names, |name| ::rtx_core::Module::visit_params(&self.#fields, name, f)); )*
             }
             fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut ::rtx_core::Tensor)) {
-                #( ::rtx_core::Module::visit_params_mut(&mut self.#fields, &::rtx_core::join_name(prefix, #names), f); )*
+                #( ::rtx_core::with_name(prefix, #names, |name| ::rtx_core::Module::visit_params_mut(&mut self.#fields, name, f)); )*
             }
         }
 

@@ -8,9 +8,10 @@ use rayon::prelude::*;
 
 use crate::layout::Layout;
 
-use super::matmul::matmul;
+use super::gemm::matmul;
 use super::strided::{PARALLEL_THRESHOLD, to_contiguous};
 use super::window::Window2d;
+use crate::pool::Scratch;
 
 /// x [N, C, H, W], w [O, C, KH, KW] -> [N, O, OH, OW], OH = (H + 2*pad - KH)/stride + 1 (PyTorch, no bias, no dilation/groups). Returns (out, out_shape).
 pub fn conv2d(
@@ -20,7 +21,7 @@ pub fn conv2d(
     lw: &Layout,
     stride: [usize; 2],
     padding: [usize; 2],
-) -> (Vec<f32>, Vec<usize>) {
+) -> (Vec<f32>, crate::layout::Dims) {
     let out_channels = lw.shape[0];
     let window = Window2d::new(&lx.shape, [lw.shape[2], lw.shape[3]], stride, padding);
     let out_shape = window.out_shape(out_channels);
@@ -28,8 +29,8 @@ pub fn conv2d(
         window.channels * window.taps(),
         window.batch * window.out_plane(),
     );
-    let cols = im2col(x, lx, &window);
-    let w_flat = to_contiguous(w, lw);
+    let cols = Scratch(im2col(x, lx, &window));
+    let w_flat = Scratch(to_contiguous(w, lw));
     let (out_by_channel, _) = matmul(
         &w_flat,
         &Layout::contiguous(&[out_channels, rows]),
@@ -39,10 +40,11 @@ pub fn conv2d(
     // The product is [O, N, OH*OW]; the result wants the batch axis first.
     let plane = window.out_plane();
     let as_batch_first = Layout {
-        shape: vec![window.batch, out_channels, plane],
-        strides: vec![plane, window.batch * plane, 1],
+        shape: smallvec::smallvec![window.batch, out_channels, plane],
+        strides: smallvec::smallvec![plane, window.batch * plane, 1],
         offset: 0,
     };
+    let out_by_channel = Scratch(out_by_channel);
     (to_contiguous(&out_by_channel, &as_batch_first), out_shape)
 }
 
@@ -62,16 +64,16 @@ pub fn conv2d_grad_input(
         window.channels * window.taps(),
         window.batch * window.out_plane(),
     );
-    let w_flat = to_contiguous(w, lw);
+    let w_flat = Scratch(to_contiguous(w, lw));
     let w_transposed = Layout::contiguous(&[out_channels, rows]).permute(&[1, 0]);
-    let g_by_channel = to_contiguous(g, &lg.permute(&[1, 0, 2, 3]));
+    let g_by_channel = Scratch(to_contiguous(g, &lg.permute(&[1, 0, 2, 3])));
     let (cols_grad, _) = matmul(
         &w_flat,
         &w_transposed,
         &g_by_channel,
         &Layout::contiguous(&[out_channels, pixels]),
     );
-    col2im(&cols_grad, &window)
+    col2im(&Scratch(cols_grad), &window)
 }
 
 /// gradient w.r.t. w
@@ -90,8 +92,8 @@ pub fn conv2d_grad_weight(
         window.channels * window.taps(),
         window.batch * window.out_plane(),
     );
-    let cols = im2col(x, lx, &window);
-    let g_by_channel = to_contiguous(g, &lg.permute(&[1, 0, 2, 3]));
+    let cols = Scratch(im2col(x, lx, &window));
+    let g_by_channel = Scratch(to_contiguous(g, &lg.permute(&[1, 0, 2, 3])));
     let g_transposed = Layout::contiguous(&[out_channels, pixels]).permute(&[1, 0]);
     // Computed as cols @ g^T = dW^T: the long pixel axis is K either way, and this puts the
     // larger C*KH*KW side on M, where the matmul splits work across threads.
@@ -102,7 +104,7 @@ pub fn conv2d_grad_weight(
         &g_transposed,
     );
     to_contiguous(
-        &dw_transposed,
+        &Scratch(dw_transposed),
         &Layout::contiguous(&[rows, out_channels]).permute(&[1, 0]),
     )
 }
@@ -113,7 +115,7 @@ fn im2col(x: &[f32], lx: &Layout, window: &Window2d) -> Vec<f32> {
     let [_, out_w] = window.out_size;
     let pixels = window.batch * window.out_plane();
     let rows = window.channels * window.taps();
-    let mut cols = vec![0.0; rows * pixels];
+    let mut cols = crate::pool::take_zeroed(rows * pixels);
     if cols.is_empty() {
         return cols;
     }
@@ -155,7 +157,7 @@ fn col2im(cols: &[f32], window: &Window2d) -> Vec<f32> {
     let [_, in_w] = window.in_size;
     let [_, out_w] = window.out_size;
     let pixels = window.batch * window.out_plane();
-    let mut dx = vec![0.0; window.batch * window.channels * window.in_plane()];
+    let mut dx = crate::pool::take_zeroed(window.batch * window.channels * window.in_plane());
     if dx.is_empty() || pixels == 0 {
         return dx;
     }

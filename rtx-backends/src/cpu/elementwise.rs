@@ -67,7 +67,7 @@ pub fn binary(
     la: &Layout,
     b: &[f32],
     lb: &Layout,
-) -> (Vec<f32>, Vec<usize>) {
+) -> (Vec<f32>, crate::layout::Dims) {
     let shape =
         broadcast_shape(&la.shape, &lb.shape).expect("caller guarantees broadcastable shapes");
     let la = la.broadcast_to(&shape);
@@ -136,7 +136,7 @@ fn zip_strided<F: Fn(f32, f32) -> f32 + Sync>(
 }
 
 /// NumPy broadcast of two shapes (right-aligned; sizes must match or one must be 1).
-pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<crate::layout::Dims> {
     let rank = a.len().max(b.len());
     let size_at = |shape: &[usize], axis: usize| {
         let missing = rank - shape.len();

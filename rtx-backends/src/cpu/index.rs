@@ -30,16 +30,16 @@ fn for_each_block(
 
 /// Concatenate along axis (shapes agree off the axis). Returns (out, out_shape).
 /// The caller passes at least one input.
-pub fn concat(inputs: &[(&[f32], &Layout)], axis: usize) -> (Vec<f32>, Vec<usize>) {
+pub fn concat(inputs: &[(&[f32], &Layout)], axis: usize) -> (Vec<f32>, crate::layout::Dims) {
     let mut out_shape = inputs[0].1.shape.clone();
     out_shape[axis] = inputs.iter().map(|(_, l)| l.shape[axis]).sum();
     let inner = numel(&out_shape[axis + 1..]);
     // Seen as [outer, len, inner], each input contributes one run of len_i * inner per outer index.
-    let parts: Vec<(Cow<[f32]>, usize)> = inputs
+    let parts: smallvec::SmallVec<[(Cow<[f32]>, usize); 4]> = inputs
         .iter()
         .map(|&(data, l)| (contiguous_cow(data, l), l.shape[axis] * inner))
         .collect();
-    let mut out = vec![0.0; numel(&out_shape)];
+    let mut out = crate::pool::take_zeroed(numel(&out_shape));
     for_each_block(&mut out, out_shape[axis] * inner, |outer, block| {
         let mut at = 0;
         for (part, run) in &parts {
@@ -56,7 +56,7 @@ pub fn pad_narrow(g: &[f32], lg: &Layout, axis: usize, start: usize, full_len: u
     let run = lg.shape[axis] * inner;
     let outer = numel(&lg.shape[..axis]);
     let g = contiguous_cow(g, lg);
-    let mut out = vec![0.0; outer * full_len * inner];
+    let mut out = crate::pool::take_zeroed(outer * full_len * inner);
     for_each_block(&mut out, full_len * inner, |index, block| {
         block[start * inner..start * inner + run]
             .copy_from_slice(&g[index * run..(index + 1) * run]);
@@ -68,7 +68,7 @@ pub fn pad_narrow(g: &[f32], lg: &Layout, axis: usize, start: usize, full_len: u
 pub fn gather_rows(table: &[f32], lt: &Layout, ids: &[i64]) -> Vec<f32> {
     let dim = lt.shape[1];
     let [row_stride, col_stride] = [lt.strides[0], lt.strides[1]];
-    let mut out = vec![0.0; ids.len() * dim];
+    let mut out = crate::pool::take_zeroed(ids.len() * dim);
     // Rows are read through the strides: the table may be far larger than the rows looked up.
     for_each_block(&mut out, dim, |i, dst| {
         let start = lt.offset + ids[i] as usize * row_stride;
@@ -87,7 +87,7 @@ pub fn gather_rows(table: &[f32], lt: &Layout, ids: &[i64]) -> Vec<f32> {
 pub fn scatter_add_rows(g: &[f32], lg: &Layout, ids: &[i64], vocab: usize) -> Vec<f32> {
     let dim = lg.shape.last().copied().unwrap_or(1);
     let g = contiguous_cow(g, lg);
-    let mut out = vec![0.0; vocab * dim];
+    let mut out = crate::pool::take_zeroed(vocab * dim);
     if dim == 0 {
         return out;
     }

@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use crate::layout::Layout;
 
-use super::strided::{PARALLEL_THRESHOLD, contiguous_cow};
+use super::strided::{PARALLEL_THRESHOLD, contiguous_cow, with_f64_scratch};
 
 /// A label outside `0..classes`, reported with its position in the batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,12 +61,18 @@ pub fn cross_entropy(logits: &[f32], l: &Layout, labels: &[i64]) -> Result<f32, 
         log_sum_exp(row) - row[labels[n] as usize] as f64
     };
     // Per-row losses first, then one in-order sum, so the total never depends on the split.
-    let losses: Vec<f64> = if rows * classes > PARALLEL_THRESHOLD {
-        (0..rows).into_par_iter().map(row_loss).collect()
+    let total = if rows * classes > PARALLEL_THRESHOLD {
+        with_f64_scratch(|losses| {
+            (0..rows)
+                .into_par_iter()
+                .map(row_loss)
+                .collect_into_vec(losses);
+            losses.iter().sum::<f64>()
+        })
     } else {
-        (0..rows).map(row_loss).collect()
+        (0..rows).map(row_loss).sum::<f64>()
     };
-    Ok((losses.iter().sum::<f64>() / rows as f64) as f32)
+    Ok((total / rows as f64) as f32)
 }
 
 /// d/dlogits of the above times scalar upstream grad g: (softmax - onehot) * g / N. Same error.
@@ -80,7 +86,7 @@ pub fn cross_entropy_grad(
     check_labels(labels, classes)?;
     let x = contiguous_cow(logits, l);
     let scale = g as f64 / rows as f64;
-    let mut out = vec![0.0; rows * classes];
+    let mut out = crate::pool::take(rows * classes);
     if classes == 0 {
         return Ok(out);
     }

@@ -83,14 +83,14 @@ pub fn max_pool2d(
     kernel: [usize; 2],
     stride: [usize; 2],
     padding: [usize; 2],
-) -> (Vec<f32>, Vec<usize>) {
+) -> (Vec<f32>, crate::layout::Dims) {
     let window = Window2d::new(&l.shape, kernel, stride, padding);
     let reader = PlaneReader {
         data: x,
         layout: l,
         channels: window.channels,
     };
-    let mut out = vec![0.0; window.batch * window.channels * window.out_plane()];
+    let mut out = crate::pool::take_zeroed(window.batch * window.channels * window.out_plane());
     for_each_plane(&mut out, window.out_plane(), |plane, dst| {
         for (i, d) in dst.iter_mut().enumerate() {
             let (oh, ow) = (i / window.out_size[1], i % window.out_size[1]);
@@ -123,7 +123,7 @@ pub fn max_pool2d_grad(
         channels: window.channels,
     };
     let in_w = window.in_size[1];
-    let mut dx = vec![0.0; window.batch * window.channels * window.in_plane()];
+    let mut dx = crate::pool::take_zeroed(window.batch * window.channels * window.in_plane());
     for_each_plane(&mut dx, window.in_plane(), |plane, dst| {
         for oh in 0..window.out_size[0] {
             for ow in 0..window.out_size[1] {
@@ -143,7 +143,7 @@ pub fn avg_pool2d(
     kernel: [usize; 2],
     stride: [usize; 2],
     padding: [usize; 2],
-) -> (Vec<f32>, Vec<usize>) {
+) -> (Vec<f32>, crate::layout::Dims) {
     let window = Window2d::new(&l.shape, kernel, stride, padding);
     let reader = PlaneReader {
         data: x,
@@ -153,7 +153,7 @@ pub fn avg_pool2d(
     // In floor mode a window never reaches past the padded input, so padding included, every
     // window holds exactly KH*KW taps.
     let divisor = window.taps() as f32;
-    let mut out = vec![0.0; window.batch * window.channels * window.out_plane()];
+    let mut out = crate::pool::take_zeroed(window.batch * window.channels * window.out_plane());
     for_each_plane(&mut out, window.out_plane(), |plane, dst| {
         for (i, d) in dst.iter_mut().enumerate() {
             let (oh, ow) = (i / window.out_size[1], i % window.out_size[1]);
@@ -190,7 +190,7 @@ pub fn avg_pool2d_grad(
     };
     let divisor = window.taps() as f32;
     let in_w = window.in_size[1];
-    let mut dx = vec![0.0; window.batch * window.channels * window.in_plane()];
+    let mut dx = crate::pool::take_zeroed(window.batch * window.channels * window.in_plane());
     for_each_plane(&mut dx, window.in_plane(), |plane, dst| {
         for oh in 0..window.out_size[0] {
             for ow in 0..window.out_size[1] {

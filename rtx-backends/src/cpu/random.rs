@@ -25,7 +25,7 @@ pub fn dropout_mask(numel: usize, p: f32, seed: u64) -> Vec<f32> {
     // depends on every bit of its input.
     let key = seed;
     let keep_scale = 1.0 / (1.0 - p);
-    let mut mask = vec![0.0; numel];
+    let mut mask = crate::pool::take(numel);
     for_each_chunk(&mut mask, |start, piece| {
         for (i, m) in piece.iter_mut().enumerate() {
             *m = if uniform(key, (start + i) as u64) < p {

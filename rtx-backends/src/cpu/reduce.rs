@@ -1,10 +1,14 @@
 //! Axis reductions (sum, mean, max), the max-reduction gradient, and `sum_to`.
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
 
-use crate::layout::Layout;
+use crate::layout::{Dims, Layout};
 
-use super::strided::{PARALLEL_THRESHOLD, Walk, numel, position, to_contiguous};
+use super::strided::{
+    PARALLEL_THRESHOLD, Walk, contiguous_cow, numel, position, to_contiguous, with_f64_scratch,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ReduceOp {
@@ -17,10 +21,16 @@ pub enum ReduceOp {
 /// in piece order. Fixed, so the summation order depends on the shape only.
 const GROUP_PIECE: usize = 16 * 1024;
 
+thread_local! {
+    /// Winners of `max_grad`, kept between calls so a training step after the first allocates
+    /// nothing here.
+    static WINNERS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
 /// `l` seen as kept axes times reduced axes: one group of elements per output element.
 struct Groups {
-    /// Buffer position of each group's first element, in output (row-major kept-axes) order.
-    bases: Vec<usize>,
+    /// The kept axes: row-major index `i` of this layout is where output `i`'s group starts.
+    kept: Layout,
     /// The reduced axes, offset 0: add a base to get buffer positions.
     group: Layout,
 }
@@ -28,13 +38,13 @@ struct Groups {
 impl Groups {
     fn new(l: &Layout, axes: &[usize]) -> Self {
         let mut kept = Layout {
-            shape: vec![],
-            strides: vec![],
+            shape: smallvec::smallvec![],
+            strides: smallvec::smallvec![],
             offset: l.offset,
         };
         let mut group = Layout {
-            shape: vec![],
-            strides: vec![],
+            shape: smallvec::smallvec![],
+            strides: smallvec::smallvec![],
             offset: 0,
         };
         for axis in 0..l.rank() {
@@ -46,10 +56,17 @@ impl Groups {
             target.shape.push(l.shape[axis]);
             target.strides.push(l.strides[axis]);
         }
-        Groups {
-            bases: kept.indices().collect(),
-            group,
-        }
+        Groups { kept, group }
+    }
+
+    /// Number of groups (output elements).
+    fn count(&self) -> usize {
+        self.kept.numel()
+    }
+
+    /// Buffer position of the first element of group `out_index`.
+    fn base(&self, out_index: usize) -> usize {
+        self.kept.offset + position(out_index, &self.kept.shape, &self.kept.strides)
     }
 
     fn group_len(&self) -> usize {
@@ -70,8 +87,8 @@ pub fn reduce(
     l: &Layout,
     axes: &[usize],
     keepdim: bool,
-) -> (Vec<f32>, Vec<usize>) {
-    let out_shape: Vec<usize> = (0..l.rank())
+) -> (Vec<f32>, crate::layout::Dims) {
+    let out_shape: crate::layout::Dims = (0..l.rank())
         .filter_map(|axis| match (axes.contains(&axis), keepdim) {
             (false, _) => Some(l.shape[axis]),
             (true, true) => Some(1),
@@ -87,7 +104,7 @@ pub fn reduce(
         let (out_index, piece) = (index / pieces, index % pieces);
         let start = piece * GROUP_PIECE;
         let len = GROUP_PIECE.min(group_len.saturating_sub(start));
-        let base = groups.bases[out_index];
+        let base = groups.base(out_index);
         match op {
             ReduceOp::Sum | ReduceOp::Mean => {
                 let mut acc = 0.0f64;
@@ -112,27 +129,37 @@ pub fn reduce(
             }
         }
     };
-    let count = groups.bases.len() * pieces;
-    let partials: Vec<f64> = if groups.bases.len() * group_len > PARALLEL_THRESHOLD {
-        (0..count).into_par_iter().map(partial).collect()
-    } else {
-        (0..count).map(partial).collect()
+    let finish = |parts: &[f64]| match op {
+        ReduceOp::Sum => parts.iter().sum::<f64>() as f32,
+        ReduceOp::Mean => (parts.iter().sum::<f64>() / group_len as f64) as f32,
+        ReduceOp::Max => parts
+            .iter()
+            .map(|&p| p as f32)
+            .fold(
+                f32::NEG_INFINITY,
+                |acc, v| if beats(v, acc) { v } else { acc },
+            ),
     };
-
-    let out = partials
-        .chunks(pieces)
-        .map(|parts| match op {
-            ReduceOp::Sum => parts.iter().sum::<f64>() as f32,
-            ReduceOp::Mean => (parts.iter().sum::<f64>() / group_len as f64) as f32,
-            ReduceOp::Max => parts
-                .iter()
-                .map(|&p| p as f32)
-                .fold(
-                    f32::NEG_INFINITY,
-                    |acc, v| if beats(v, acc) { v } else { acc },
-                ),
-        })
-        .collect();
+    let parallel = groups.count() * group_len > PARALLEL_THRESHOLD;
+    let mut out = crate::pool::take(groups.count());
+    if pieces == 1 {
+        let fill = |(index, o): (usize, &mut f32)| *o = finish(&[partial(index)]);
+        if parallel {
+            out.par_iter_mut().enumerate().for_each(fill);
+        } else {
+            out.iter_mut().enumerate().for_each(fill);
+        }
+    } else {
+        with_f64_scratch(|partials| {
+            (0..groups.count() * pieces)
+                .into_par_iter()
+                .map(partial)
+                .collect_into_vec(partials);
+            for (o, parts) in out.iter_mut().zip(partials.chunks(pieces)) {
+                *o = finish(parts);
+            }
+        });
+    }
     (out, out_shape)
 }
 
@@ -152,8 +179,8 @@ pub fn max_grad(
 
     let g_kept = if keepdim {
         let mut kept = Layout {
-            shape: vec![],
-            strides: vec![],
+            shape: smallvec::smallvec![],
+            strides: smallvec::smallvec![],
             offset: lg.offset,
         };
         for axis in (0..lg.rank()).filter(|axis| !axes.contains(axis)) {
@@ -164,10 +191,10 @@ pub fn max_grad(
     } else {
         lg.clone()
     };
-    let g_values = to_contiguous(g, &g_kept);
+    let g_values = contiguous_cow(g, &g_kept);
 
-    let first_max = |out_index: usize| -> Option<usize> {
-        let base = source.bases[out_index];
+    let first_max = |out_index: usize| -> usize {
+        let base = source.base(out_index);
         let mut best: Option<(usize, f32)> = None;
         walk.runs(0, group_len, |at, run, [pos], [stride]| {
             for i in 0..run {
@@ -177,33 +204,44 @@ pub fn max_grad(
                 }
             }
         });
-        best.map(|(index, _)| index)
+        best.map_or(NO_WINNER, |(index, _)| index)
     };
-    let winners: Vec<Option<usize>> = if numel(&lx.shape) > PARALLEL_THRESHOLD {
-        (0..source.bases.len())
-            .into_par_iter()
-            .map(first_max)
-            .collect()
-    } else {
-        (0..source.bases.len()).map(first_max).collect()
-    };
-
+    let mut out = crate::pool::take_zeroed(numel(&lx.shape));
     // One write per group, so the scatter stays serial.
-    let mut out = vec![0.0; numel(&lx.shape)];
-    for (out_index, winner) in winners.into_iter().enumerate() {
-        if let Some(in_group) = winner {
-            let at = target.bases[out_index]
-                + position(in_group, &target.group.shape, &target.group.strides);
+    let mut scatter = |out_index: usize, winner: usize| {
+        if winner != NO_WINNER {
+            let at = target.base(out_index)
+                + position(winner, &target.group.shape, &target.group.strides);
             out[at] = g_values[out_index];
+        }
+    };
+    if numel(&lx.shape) > PARALLEL_THRESHOLD {
+        WINNERS.with(|cell| {
+            let mut winners = cell.take();
+            (0..source.count())
+                .into_par_iter()
+                .map(first_max)
+                .collect_into_vec(&mut winners);
+            for (out_index, &winner) in winners.iter().enumerate() {
+                scatter(out_index, winner);
+            }
+            cell.replace(winners);
+        });
+    } else {
+        for out_index in 0..source.count() {
+            scatter(out_index, first_max(out_index));
         }
     }
     out
 }
 
+/// `max_grad`'s mark for a group with no element (empty groups receive no gradient).
+const NO_WINNER: usize = usize::MAX;
+
 /// Sum `g` down to `shape` (the inverse of NumPy broadcasting: sum leading extra axes and axes where shape has 1).
 pub fn sum_to(g: &[f32], lg: &Layout, shape: &[usize]) -> Vec<f32> {
     let extra = lg.rank() - shape.len();
-    let axes: Vec<usize> = (0..lg.rank())
+    let axes: Dims = (0..lg.rank())
         .filter(|&axis| axis < extra || (shape[axis - extra] == 1 && lg.shape[axis] != 1))
         .collect();
     if axes.is_empty() {

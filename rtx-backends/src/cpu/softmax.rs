@@ -47,7 +47,7 @@ fn along_axis<const K: usize>(
     let len = shape[axis];
     let inner = numel(&shape[axis + 1..]);
     let block = len * inner;
-    let mut out = vec![0.0; numel(shape)];
+    let mut out = crate::pool::take_zeroed(numel(shape));
     if block == 0 {
         return out;
     }

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use rayon::prelude::*;
 
-use crate::layout::Layout;
+use crate::layout::{Dims, Layout};
 
 /// Below this many output elements a kernel stays on the calling thread: a rayon fork/join
 /// costs microseconds, which would dominate the small tensors (batch 64, 8x8 images) these
@@ -29,7 +29,14 @@ pub(crate) fn for_each_chunk(out: &mut [f32], fill: impl Fn(usize, &mut [f32]) +
 
 /// Copies the elements of `l` into a fresh row-major buffer.
 pub fn to_contiguous(data: &[f32], l: &Layout) -> Vec<f32> {
-    contiguous_cow(data, l).into_owned()
+    match contiguous_cow(data, l) {
+        Cow::Borrowed(run) => {
+            let mut out = crate::pool::take(run.len());
+            out.copy_from_slice(run);
+            out
+        }
+        Cow::Owned(out) => out,
+    }
 }
 
 /// The elements of `l` in row-major order, borrowed when the buffer already holds them so.
@@ -62,6 +69,20 @@ pub(crate) fn map_strided<F: Fn(f32) -> f32 + Sync>(x: &[f32], l: &Layout, f: F)
     out
 }
 
+thread_local! {
+    static F64_SCRATCH: std::cell::Cell<Vec<f64>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's f64 scratch vector (contents unspecified), kept between calls so
+/// kernels that collect per-row partial sums allocate nothing after warm-up. The vector is
+/// taken out while `f` runs, so a nested call gets a fresh one.
+pub(crate) fn with_f64_scratch<R>(f: impl FnOnce(&mut Vec<f64>) -> R) -> R {
+    let mut scratch = F64_SCRATCH.with(std::cell::Cell::take);
+    let result = f(&mut scratch);
+    F64_SCRATCH.with(|cell| cell.set(scratch));
+    result
+}
+
 /// Product of a shape's sizes (1 for a scalar).
 pub(crate) fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
@@ -80,8 +101,8 @@ pub(crate) fn position(mut linear: usize, shape: &[usize], strides: &[usize]) ->
 /// Walks `K` layouts of one shape together in row-major order, handing out runs along the
 /// innermost axis so kernels get tight inner loops instead of a per-element index update.
 pub(crate) struct Walk<const K: usize> {
-    shape: Vec<usize>,
-    strides: [Vec<usize>; K],
+    shape: Dims,
+    strides: [Dims; K],
     offsets: [usize; K],
 }
 
@@ -89,8 +110,8 @@ impl<const K: usize> Walk<K> {
     /// `layouts` all have shape `shape` (broadcast them first where needed). Axes that every
     /// layout stores back to back are merged, so contiguous data becomes one long run.
     pub(crate) fn new(shape: &[usize], layouts: [&Layout; K]) -> Self {
-        let mut merged_shape: Vec<usize> = Vec::new();
-        let mut merged_strides: [Vec<usize>; K] = std::array::from_fn(|_| Vec::new());
+        let mut merged_shape = Dims::new();
+        let mut merged_strides: [Dims; K] = std::array::from_fn(|_| Dims::new());
         // Built innermost first, so `last()` is the outermost axis merged so far.
         for axis in (0..shape.len()).rev() {
             let size = shape[axis];
@@ -146,7 +167,7 @@ impl<const K: usize> Walk<K> {
         let last = self.shape.len() - 1;
         let inner = self.shape[last];
         let inner_strides: [usize; K] = std::array::from_fn(|k| self.strides[k][last]);
-        let mut counter = vec![0; self.shape.len()];
+        let mut counter: Dims = smallvec::smallvec![0; self.shape.len()];
         let mut rest = start;
         for axis in (0..self.shape.len()).rev() {
             counter[axis] = rest % self.shape[axis];

@@ -58,7 +58,7 @@ impl Window2d {
         self.kernel[0] * self.kernel[1]
     }
 
-    pub(crate) fn out_shape(&self, channels: usize) -> Vec<usize> {
-        vec![self.batch, channels, self.out_size[0], self.out_size[1]]
+    pub(crate) fn out_shape(&self, channels: usize) -> crate::layout::Dims {
+        smallvec::smallvec![self.batch, channels, self.out_size[0], self.out_size[1]]
     }
 }

@@ -107,7 +107,7 @@ fn conv2d_forward_and_grads_match_reference() {
         let what = format!("x {:?} w {:?}", case.x_shape, case.w_shape);
 
         let (y, shape) = conv2d(&x, &lx, &w, &lw, case.stride, case.padding);
-        assert_eq!(shape, out_shape);
+        assert_eq!(shape.as_slice(), &out_shape[..]);
         assert_close(
             &y,
             &want_y,

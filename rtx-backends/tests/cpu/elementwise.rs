@@ -94,8 +94,8 @@ fn to_contiguous_of_every_view_and_a_scalar() {
         );
     }
     let scalar = Layout {
-        shape: vec![],
-        strides: vec![],
+        shape: vec![].into(),
+        strides: vec![].into(),
         offset: 2,
     };
     assert_eq!(to_contiguous(&[1.0, 2.0, 3.0], &scalar), vec![3.0]);
@@ -200,7 +200,7 @@ fn binary_matches_reference_with_broadcasting_and_views() {
                 let a: Vec<f32> = a.iter().map(|v| (v * 4.0).round() / 4.0).collect();
                 let (got, shape) = binary(op, &a, &la, &b, &lb);
                 let want_shape = broadcast_shape(sa, sb).unwrap();
-                assert_eq!(shape, want_shape);
+                assert_eq!(shape.as_slice(), &want_shape[..]);
                 let want = binary_naive(op, &read(&a, &la), sa, &read(&b, &lb), sb, &shape);
                 assert_close(
                     &got,
@@ -243,9 +243,12 @@ fn binary_on_large_inputs_with_scalar_broadcast() {
 
 #[test]
 fn broadcast_shape_follows_numpy() {
-    assert_eq!(broadcast_shape(&[3, 1, 5], &[4, 5]), Some(vec![3, 4, 5]));
-    assert_eq!(broadcast_shape(&[], &[2, 3]), Some(vec![2, 3]));
-    assert_eq!(broadcast_shape(&[2, 0], &[1]), Some(vec![2, 0]));
+    assert_eq!(
+        broadcast_shape(&[3, 1, 5], &[4, 5]),
+        Some(vec![3, 4, 5].into())
+    );
+    assert_eq!(broadcast_shape(&[], &[2, 3]), Some(vec![2, 3].into()));
+    assert_eq!(broadcast_shape(&[2, 0], &[1]), Some(vec![2, 0].into()));
     assert_eq!(broadcast_shape(&[3], &[4]), None);
     assert_eq!(broadcast_shape(&[2, 3], &[3, 3]), None);
 }

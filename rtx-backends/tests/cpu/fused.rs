@@ -35,14 +35,14 @@ fn fused_map_reads_broadcast_and_strided_inputs() {
     let mut rng = Rng::new(41);
     let (a, b) = (rng.vec(6 * 5), rng.vec(5));
     let transposed = Layout {
-        shape: vec![5, 6],
-        strides: vec![1, 5],
+        shape: vec![5, 6].into(),
+        strides: vec![1, 5].into(),
         offset: 0,
     };
     let row = Layout::contiguous(&[5]).broadcast_to(&[6, 5]);
     let col = Layout {
-        shape: vec![5, 6],
-        strides: vec![1, 0],
+        shape: vec![5, 6].into(),
+        strides: vec![1, 0].into(),
         offset: 0,
     };
     check(&a, &Layout::contiguous(&[6, 5]), &b, &row, &[6, 5]);

@@ -26,7 +26,7 @@ fn concat_matches_reference_on_each_axis() {
         let (got, shape) = concat(&refs, axis);
         let mut want_shape = vec![4, 3, 5];
         want_shape[axis] = 6;
-        assert_eq!(shape, want_shape);
+        assert_eq!(shape.as_slice(), &want_shape[..]);
         let values: Vec<Vec<f64>> = inputs.iter().map(|(d, l)| read(d, l)).collect();
         let want: Vec<f64> = (0..numel(&want_shape))
             .map(|linear| {

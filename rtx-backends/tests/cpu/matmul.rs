@@ -43,7 +43,7 @@ fn matmul_naive(a: &[f64], sa: &[usize], b: &[f64], sb: &[usize]) -> (Vec<f64>, 
 fn check(a: &[f32], la: &Layout, b: &[f32], lb: &Layout, what: &str) {
     let (got, shape) = matmul(a, la, b, lb);
     let (want, want_shape) = matmul_naive(&read(a, la), &la.shape, &read(b, lb), &lb.shape);
-    assert_eq!(shape, want_shape, "{what}: shape");
+    assert_eq!(shape.as_slice(), &want_shape[..], "{what}: shape");
     let k = la.shape[la.rank() - 1] as f64;
     assert_close(&got, &want, 1e-4 * k.sqrt().max(1.0), 1e-4, what);
 }
@@ -125,7 +125,7 @@ fn matmul_empty_dimensions() {
         &[],
         &Layout::contiguous(&[0, 4]),
     );
-    assert_eq!(shape, vec![3, 4]);
+    assert_eq!(shape.as_slice(), &[3, 4]);
     assert_eq!(out, vec![0.0; 12]);
     let (out, shape) = matmul(
         &[],
@@ -133,7 +133,7 @@ fn matmul_empty_dimensions() {
         &[0.0; 10],
         &Layout::contiguous(&[5, 2]),
     );
-    assert_eq!((out.len(), shape), (0, vec![0, 2]));
+    assert_eq!((out.len(), shape.as_slice()), (0, &[0, 2][..]));
 }
 
 #[test]
@@ -148,13 +148,13 @@ fn few_rows_agree_with_the_packed_path() {
     let layouts = [
         Layout::contiguous(&[k, n]),
         Layout {
-            shape: vec![k, n],
-            strides: vec![1, k],
+            shape: vec![k, n].into(),
+            strides: vec![1, k].into(),
             offset: 0,
         },
         Layout {
-            shape: vec![k, n],
-            strides: vec![2 * n, 2],
+            shape: vec![k, n].into(),
+            strides: vec![2 * n, 2].into(),
             offset: 1,
         },
     ];
@@ -189,8 +189,8 @@ fn every_micro_kernel_this_cpu_runs_matches_the_naive_product() {
             let (a, b) = (rng.vec(m * k), rng.vec(k * n));
             let la = Layout::contiguous(&[m, k]);
             let lb_t = Layout {
-                shape: vec![k, n],
-                strides: vec![1, k],
+                shape: vec![k, n].into(),
+                strides: vec![1, k].into(),
                 offset: 0,
             };
             for lb in [Layout::contiguous(&[k, n]), lb_t] {

@@ -94,7 +94,7 @@ fn max_pool_forward_and_grad_match_reference() {
             }
             let what = format!("{:?} k{:?} {view:?}", case.x_shape, case.kernel);
             let (y, shape) = max_pool2d(&x, &lx, case.kernel, case.stride, case.padding);
-            assert_eq!(shape, out_shape);
+            assert_eq!(shape.as_slice(), &out_shape[..]);
             assert_close(&y, &want_y, 0.0, 0.0, &format!("max forward {what}"));
             let dx = max_pool2d_grad(&x, &lx, &g, &lg, case.kernel, case.stride, case.padding);
             assert_close(&dx, &want_dx, 1e-6, 1e-5, &format!("max grad {what}"));
@@ -123,7 +123,7 @@ fn avg_pool_forward_and_grad_match_reference() {
             }
             let what = format!("{:?} k{:?} {view:?}", case.x_shape, case.kernel);
             let (y, shape) = avg_pool2d(&x, &lx, case.kernel, case.stride, case.padding);
-            assert_eq!(shape, out_shape);
+            assert_eq!(shape.as_slice(), &out_shape[..]);
             assert_close(&y, &want_y, 1e-6, 1e-4, &format!("avg forward {what}"));
             let dx = avg_pool2d_grad(
                 &g,

@@ -1,0 +1,388 @@
+//! Batched matrix multiply, BLIS-style: B packed once into column panels, A packed per task
+//! into row panels sized for L2, and a register-tiled micro-kernel per instruction set
+//! (AVX-512, AVX2+FMA, portable) chosen once at run time.
+//!
+//! Loop order per task (a block of rows and columns of C): K slices of `KC` outermost, then
+//! the B micro-panels of the block (each `KC x NR`, kept in L1), then the A micro-panels
+//! (`MR x KC`, streamed from L2). Tasks split M and N, never K, and a micro-kernel sums its
+//! `KC` terms in k order, so each output element sums its terms in the same order whatever
+//! the blocking or the thread count: results are bit-identical across thread counts.
+//!
+//! Nothing here allocates after warm-up: the output comes from `crate::pool`, and the packed
+//! panels live in per-thread scratch buffers that are kept between calls.
+
+mod direct;
+mod kernels;
+mod pack;
+
+use std::cell::Cell;
+use std::thread::LocalKey;
+
+use rayon::prelude::*;
+
+use crate::layout::{Dims, Layout};
+
+use super::elementwise::broadcast_shape;
+use super::strided::{numel, position};
+use kernels::MicroKernel;
+
+/// Rows up to which a product skips packing (`direct::multiply_direct`).
+const DIRECT_ROWS: usize = 4;
+/// K slice per pass: a B micro-panel (`KC x NR`) stays in L1, an A block in L2.
+const KC: usize = 256;
+/// Columns of C per task; a multiple of every kernel's tile width.
+const NC: usize = 256;
+/// Most micro-panels of A per task (rows of C per task = this times MR), so the packed A
+/// block (`MC x KC`) stays within L2.
+const MAX_ROW_PANELS: usize = 24;
+/// Multiply-adds below which forking costs more than it saves.
+const PARALLEL_WORK: usize = 1 << 17;
+/// The largest tile of any kernel, for the edge tiles computed into a local buffer.
+const MAX_TILE: usize = 14 * 32;
+/// Scratch buffers larger than this are freed after use instead of kept.
+const KEEP_SCRATCH: usize = 64 << 20;
+
+thread_local! {
+    /// Packed A block of the task running on this thread.
+    static PACKED_A: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// Packed B of the product this thread drives.
+    static PACKED_B: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// The largest packed A block of any kernel (`MAX_ROW_PANELS` panels of 14 rows by `KC`):
+/// a thread's A buffer is made this size at once, so it never grows later (which task lands
+/// on which thread varies from call to call).
+const MAX_PACKED_A: usize = MAX_ROW_PANELS * 14 * KC;
+
+/// Runs `f` on `len` values of this thread's scratch buffer `cell` (contents unspecified),
+/// growing it to at least `min_len` when it must grow. The buffer is taken out of the cell
+/// while `f` runs, so a nested call on the same thread (rayon can run another task while this
+/// one waits) gets a fresh one instead of a conflict.
+fn with_scratch<R>(
+    cell: &'static LocalKey<Cell<Vec<f32>>>,
+    len: usize,
+    min_len: usize,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
+    let mut buffer = cell.with(Cell::take);
+    if buffer.len() < len {
+        buffer.resize(len.max(min_len), 0.0);
+    }
+    let result = f(&mut buffer[..len]);
+    if buffer.len() <= KEEP_SCRATCH {
+        cell.with(|c| c.set(buffer));
+    }
+    result
+}
+
+/// A matrix read through strides, so transposed or otherwise strided inputs need no copy.
+#[derive(Clone, Copy)]
+struct MatrixView<'a> {
+    data: &'a [f32],
+    offset: usize,
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl MatrixView<'_> {
+    fn get(&self, row: usize, col: usize) -> f32 {
+        self.data[self.offset + row * self.row_stride + col * self.col_stride]
+    }
+}
+
+/// A register-tiled micro-kernel, chosen once per process from what the CPU supports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmKernel {
+    /// 4 x 8 tiles in plain Rust that the compiler vectorizes for the build's baseline ISA.
+    Portable,
+    /// 6 x 16 tiles with AVX2 and fused multiply-add (x86-64 with AVX2 and FMA).
+    Avx2Fma,
+    /// 14 x 32 tiles with AVX-512F (x86-64 with AVX-512 Foundation).
+    Avx512,
+}
+
+impl GemmKernel {
+    /// Tile height (rows of A per micro-kernel), width (columns of B) and the kernel itself.
+    fn spec(self) -> (usize, usize, MicroKernel) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            GemmKernel::Avx2Fma => (6, 16, kernels::avx2_6x16),
+            #[cfg(target_arch = "x86_64")]
+            GemmKernel::Avx512 => (14, 32, kernels::avx512_14x32),
+            _ => (4, 8, kernels::portable::<4, 8>),
+        }
+    }
+}
+
+/// Whether this CPU can run `kernel` (std caches the feature detection).
+fn supported(kernel: GemmKernel) -> bool {
+    match kernel {
+        GemmKernel::Portable => true,
+        #[cfg(target_arch = "x86_64")]
+        GemmKernel::Avx2Fma => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+        #[cfg(target_arch = "x86_64")]
+        GemmKernel::Avx512 => is_x86_feature_detected!("avx512f"),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => false,
+    }
+}
+
+/// Every kernel this CPU can run, the best last.
+pub fn gemm_kernels() -> Vec<GemmKernel> {
+    [
+        GemmKernel::Portable,
+        GemmKernel::Avx2Fma,
+        GemmKernel::Avx512,
+    ]
+    .into_iter()
+    .filter(|&k| supported(k))
+    .collect()
+}
+
+/// The kernel `matmul` uses: the best this CPU runs, or the one the environment variable
+/// `RTX_GEMM` names (`portable`, `avx2`, `avx512`) when this CPU runs it.
+pub fn gemm_kernel() -> GemmKernel {
+    static KERNEL: std::sync::OnceLock<GemmKernel> = std::sync::OnceLock::new();
+    *KERNEL.get_or_init(|| {
+        let forced = match std::env::var("RTX_GEMM").as_deref() {
+            Ok("portable") => Some(GemmKernel::Portable),
+            Ok("avx2") => Some(GemmKernel::Avx2Fma),
+            Ok("avx512") => Some(GemmKernel::Avx512),
+            _ => None,
+        };
+        forced
+            .filter(|&k| supported(k))
+            .or_else(|| gemm_kernels().last().copied())
+            .unwrap_or(GemmKernel::Portable)
+    })
+}
+
+/// Batched matmul: a [..., M, K] @ b [..., K, N] -> [..., M, N], batch dims broadcast NumPy
+/// style; rank >= 2 each (caller promotes 1-D). Returns (out, out_shape).
+pub fn matmul(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> (Vec<f32>, Dims) {
+    matmul_with(gemm_kernel(), a, la, b, lb)
+}
+
+/// The output pointer shared by the tasks; each task writes a disjoint block of C.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint blocks of one buffer that outlives the parallel section.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `matmul` with a given micro-kernel (tests run every one the CPU supports). A kernel the CPU
+/// lacks falls back to the portable one.
+pub fn matmul_with(
+    kernel: GemmKernel,
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+) -> (Vec<f32>, Dims) {
+    let kernel = if supported(kernel) {
+        kernel
+    } else {
+        GemmKernel::Portable
+    };
+    let (rank_a, rank_b) = (la.rank(), lb.rank());
+    let (m, k) = (la.shape[rank_a - 2], la.shape[rank_a - 1]);
+    let n = lb.shape[rank_b - 1];
+    let batch_shape = broadcast_shape(&la.shape[..rank_a - 2], &lb.shape[..rank_b - 2])
+        .expect("caller guarantees broadcastable batch dims");
+    let mut out_shape = batch_shape.clone();
+    out_shape.extend([m, n]);
+    if numel(&out_shape) == 0 || k == 0 {
+        return (crate::pool::take_zeroed(numel(&out_shape)), out_shape);
+    }
+    // Every element is written: by the first K slice of its tile, or by the direct path.
+    let mut out = crate::pool::take(numel(&out_shape));
+    let batches = numel(&batch_shape);
+    let a_batches = batch_layout(la, &batch_shape);
+    let b_batches = batch_layout(lb, &batch_shape);
+    let a_view = |batch| MatrixView {
+        data: a,
+        offset: a_batches.offset + position(batch, &batch_shape, &a_batches.strides),
+        row_stride: la.strides[rank_a - 2],
+        col_stride: la.strides[rank_a - 1],
+    };
+    let b_view = |batch| MatrixView {
+        data: b,
+        offset: b_batches.offset + position(batch, &batch_shape, &b_batches.strides),
+        row_stride: lb.strides[rank_b - 2],
+        col_stride: lb.strides[rank_b - 1],
+    };
+    if m <= DIRECT_ROWS {
+        for (batch, c) in out.chunks_mut(m * n).enumerate() {
+            direct::multiply_direct(a_view(batch), b_view(batch), m, k, c);
+        }
+        return (out, out_shape);
+    }
+
+    let (mr, nr, micro) = kernel.spec();
+    let parallel = batches * m * n * k >= PARALLEL_WORK;
+    // A B shared by every batch (a weight) is packed once.
+    let b_shared = b_batches.strides.iter().all(|&s| s == 0);
+    let b_count = if b_shared { 1 } else { batches };
+    let panels = n.div_ceil(nr);
+    let b_len = panels * k * nr;
+
+    // Enough row blocks for every thread to get work, each at most MAX_ROW_PANELS panels tall.
+    // Blocking never changes a result (K is never split), so it may follow the thread count.
+    let col_blocks = n.div_ceil(NC);
+    let wanted_tasks = if parallel {
+        4 * rayon::current_num_threads()
+    } else {
+        1
+    };
+    let row_blocks_wanted = wanted_tasks.div_ceil(batches * col_blocks).max(1);
+    let mc = (m.div_ceil(row_blocks_wanted).div_ceil(mr) * mr).clamp(mr, MAX_ROW_PANELS * mr);
+    let row_blocks = m.div_ceil(mc);
+    let tasks = batches * row_blocks * col_blocks;
+
+    let c = OutPtr(out.as_mut_ptr());
+    with_scratch(&PACKED_B, b_count * b_len, 0, |packed_b| {
+        let pack = |(index, dst): (usize, &mut [f32])| {
+            let (batch, panel) = (index / panels, index % panels);
+            pack::pack_b_panel(b_view(batch), k, n, nr, panel, dst);
+        };
+        if parallel {
+            packed_b.par_chunks_mut(k * nr).enumerate().for_each(pack);
+        } else {
+            packed_b.chunks_mut(k * nr).enumerate().for_each(pack);
+        }
+        let packed_b = &*packed_b;
+        let run = |task: usize| {
+            let batch = task / (row_blocks * col_blocks);
+            let row0 = (task / col_blocks) % row_blocks * mc;
+            let col0 = task % col_blocks * NC;
+            let block = Block {
+                a: a_view(batch),
+                packed_b: &packed_b[if b_shared { 0 } else { batch * b_len }..][..b_len],
+                // SAFETY: `batch * m * n` is inside `out`, which holds `batches * m * n`.
+                c: unsafe { c.get().add(batch * m * n) },
+                m,
+                n,
+                k,
+                rows: (row0, mc.min(m - row0)),
+                cols: (col0, NC.min(n - col0)),
+                mr,
+                nr,
+                micro,
+            };
+            // SAFETY: tasks cover disjoint blocks of C, and `micro` runs on this CPU.
+            unsafe { block.multiply() };
+        };
+        if parallel {
+            (0..tasks).into_par_iter().for_each(run);
+        } else {
+            (0..tasks).for_each(run);
+        }
+    });
+    (out, out_shape)
+}
+
+/// `l`'s batch axes (all but the last two) broadcast to `batch_shape`.
+fn batch_layout(l: &Layout, batch_shape: &[usize]) -> Layout {
+    let batch_rank = l.rank() - 2;
+    Layout {
+        shape: Dims::from_slice(&l.shape[..batch_rank]),
+        strides: Dims::from_slice(&l.strides[..batch_rank]),
+        offset: l.offset,
+    }
+    .broadcast_to(batch_shape)
+}
+
+/// One task: rows `rows.0..rows.0 + rows.1` and columns `cols.0..cols.0 + cols.1` of one
+/// batch's C [m, n] (row-major at `c`).
+struct Block<'a> {
+    a: MatrixView<'a>,
+    packed_b: &'a [f32],
+    c: *mut f32,
+    m: usize,
+    n: usize,
+    k: usize,
+    rows: (usize, usize),
+    cols: (usize, usize),
+    mr: usize,
+    nr: usize,
+    micro: MicroKernel,
+}
+
+impl Block<'_> {
+    /// # Safety
+    /// No other thread touches this block of C, and `micro` runs on this CPU.
+    unsafe fn multiply(&self) {
+        let (mr, nr, n, k) = (self.mr, self.nr, self.n, self.k);
+        let (row0, rows) = self.rows;
+        let (col0, cols) = self.cols;
+        let row_panels = rows.div_ceil(mr);
+        with_scratch(
+            &PACKED_A,
+            row_panels * KC.min(k) * mr,
+            MAX_PACKED_A,
+            |packed_a| {
+                for k0 in (0..k).step_by(KC) {
+                    let kc = KC.min(k - k0);
+                    let packed_a = &mut packed_a[..row_panels * kc * mr];
+                    pack::pack_a(self.a, row0, rows, k0, kc, mr, packed_a);
+                    for col_panel in col0 / nr..(col0 + cols).div_ceil(nr) {
+                        let j0 = col_panel * nr;
+                        let width = nr.min(n - j0);
+                        let b_panel = &self.packed_b[col_panel * k * nr + k0 * nr..][..kc * nr];
+                        for row_panel in 0..row_panels {
+                            let i0 = row0 + row_panel * mr;
+                            let height = mr.min(self.m - i0);
+                            let a_panel = &packed_a[row_panel * kc * mr..][..kc * mr];
+                            // SAFETY: (i0, j0) is inside this block of C.
+                            let c = unsafe { self.c.add(i0 * n + j0) };
+                            let accumulate = k0 > 0;
+                            if height == mr && width == nr {
+                                // SAFETY: a full tile; panels hold kc * mr and kc * nr values.
+                                unsafe {
+                                    (self.micro)(
+                                        kc,
+                                        a_panel.as_ptr(),
+                                        b_panel.as_ptr(),
+                                        c,
+                                        n,
+                                        accumulate,
+                                    )
+                                };
+                            } else {
+                                // An edge tile: compute the whole tile aside, keep its valid part.
+                                let mut tile = [0.0f32; MAX_TILE];
+                                // SAFETY: `tile` holds mr * nr <= MAX_TILE values at stride nr.
+                                unsafe {
+                                    (self.micro)(
+                                        kc,
+                                        a_panel.as_ptr(),
+                                        b_panel.as_ptr(),
+                                        tile.as_mut_ptr(),
+                                        nr,
+                                        false,
+                                    )
+                                };
+                                for (r, tile_row) in tile.chunks_exact(nr).take(height).enumerate()
+                                {
+                                    for (j, &v) in tile_row[..width].iter().enumerate() {
+                                        // SAFETY: row i0 + r < m and column j0 + j < n.
+                                        unsafe {
+                                            let dst = c.add(r * n + j);
+                                            *dst = if accumulate { *dst + v } else { v };
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            },
+        );
+    }
+}

@@ -1,0 +1,87 @@
+//! Packing: copying operands into the order the micro-kernels read them, so the kernel's
+//! loads are unit-stride whatever the operand's strides (transposed inputs need no copy
+//! beforehand). Edges are zero-padded to whole panels, so the kernels have no edge case.
+
+use super::MatrixView;
+
+/// Panel `panel` of B [k, n] packed as column panels `nr` wide, each `k x nr` row-major, so
+/// a K slice of a panel is one contiguous run (columns past `n` are zero). `dst` holds
+/// `k * nr` values.
+pub(super) fn pack_b_panel(
+    b: MatrixView,
+    k: usize,
+    n: usize,
+    nr: usize,
+    panel: usize,
+    dst: &mut [f32],
+) {
+    let col0 = panel * nr;
+    let width = nr.min(n - col0);
+    if b.row_stride == 1 && b.col_stride != 1 {
+        // B stored column-major (a transposed weight): read down each column.
+        if width < nr {
+            dst.fill(0.0);
+        }
+        for j in 0..width {
+            let start = b.offset + (col0 + j) * b.col_stride;
+            for (kk, &v) in b.data[start..start + k].iter().enumerate() {
+                dst[kk * nr + j] = v;
+            }
+        }
+        return;
+    }
+    for (kk, dst_row) in dst.chunks_exact_mut(nr).enumerate().take(k) {
+        if b.col_stride == 1 {
+            let start = b.offset + kk * b.row_stride + col0;
+            dst_row[..width].copy_from_slice(&b.data[start..start + width]);
+        } else {
+            for (j, d) in dst_row[..width].iter_mut().enumerate() {
+                *d = b.get(kk, col0 + j);
+            }
+        }
+        dst_row[width..].fill(0.0);
+    }
+}
+
+/// Rows `row0..row0 + rows`, columns `k0..k0 + kc` of A as row panels `mr` tall, each stored
+/// k-major (`mr` values per k; rows past the end are zero). `dst` holds
+/// `rows.div_ceil(mr) * kc * mr` values.
+pub(super) fn pack_a(
+    a: MatrixView,
+    row0: usize,
+    rows: usize,
+    k0: usize,
+    kc: usize,
+    mr: usize,
+    dst: &mut [f32],
+) {
+    for (panel, panel_dst) in dst.chunks_exact_mut(kc * mr).enumerate() {
+        let first = row0 + panel * mr;
+        let height = mr.min(rows - panel * mr);
+        if height < mr {
+            panel_dst.fill(0.0);
+        }
+        if a.col_stride == 1 {
+            for r in 0..height {
+                let start = a.offset + (first + r) * a.row_stride + k0;
+                for (kk, &v) in a.data[start..start + kc].iter().enumerate() {
+                    panel_dst[kk * mr + r] = v;
+                }
+            }
+        } else if a.row_stride == 1 {
+            // A stored column-major (a transposed activation in a weight gradient): each k
+            // is a contiguous run of rows.
+            for kk in 0..kc {
+                let start = a.offset + (k0 + kk) * a.col_stride + first;
+                panel_dst[kk * mr..kk * mr + height]
+                    .copy_from_slice(&a.data[start..start + height]);
+            }
+        } else {
+            for r in 0..height {
+                for kk in 0..kc {
+                    panel_dst[kk * mr + r] = a.get(first + r, k0 + kk);
+                }
+            }
+        }
+    }
+}
