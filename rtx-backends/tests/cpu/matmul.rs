@@ -202,3 +202,98 @@ fn every_micro_kernel_this_cpu_runs_matches_the_naive_product() {
         }
     }
 }
+
+/// `[rows, cols]` stored column-major (a transposed operand), and one with padded rows (a
+/// narrowed view of a wider matrix), besides the plain row-major layout.
+fn operand_layouts(rows: usize, cols: usize) -> [(Layout, usize, &'static str); 3] {
+    [
+        (Layout::contiguous(&[rows, cols]), rows * cols, "row-major"),
+        (
+            Layout {
+                shape: vec![rows, cols].into(),
+                strides: vec![1, rows].into(),
+                offset: 0,
+            },
+            rows * cols,
+            "transposed",
+        ),
+        (
+            Layout {
+                shape: vec![rows, cols].into(),
+                strides: vec![cols + 3, 1].into(),
+                offset: 2,
+            },
+            2 + rows * (cols + 3),
+            "padded rows",
+        ),
+    ]
+}
+
+#[test]
+fn every_kernel_matches_the_naive_product_on_odd_sizes_and_strided_operands() {
+    let mut rng = Rng::new(25);
+    let sizes = [
+        (1, 7, 13),
+        (7, 13, 1),
+        (13, 1, 255),
+        (255, 257, 7),
+        (257, 13, 255),
+        (29, 600, 45),
+    ];
+    for kernel in gemm_kernels() {
+        for (m, k, n) in sizes {
+            for (la, a_len, a_kind) in operand_layouts(m, k) {
+                for (lb, b_len, b_kind) in operand_layouts(k, n) {
+                    let (a, b) = (rng.vec(a_len), rng.vec(b_len));
+                    let (got, _) = matmul_with(kernel, &a, &la, &b, &lb);
+                    let (want, _) =
+                        matmul_naive(&read(&a, &la), &la.shape, &read(&b, &lb), &lb.shape);
+                    let what = format!("{kernel:?} {m}x{k}x{n}, A {a_kind}, B {b_kind}");
+                    assert_close(&got, &want, 1e-4 * (k as f64).sqrt(), 1e-4, &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_kernel_matches_the_naive_product_on_broadcast_batches() {
+    let mut rng = Rng::new(26);
+    for kernel in gemm_kernels() {
+        // A per-batch B, a B shared by every batch (a weight), and broadcasting on both sides.
+        for (sa, sb) in [
+            (vec![3, 19, 33], vec![3, 33, 20]),
+            (vec![2, 3, 40, 17], vec![17, 35]),
+            (vec![3, 1, 15, 9], vec![4, 9, 31]),
+        ] {
+            let (a, la) = random_contiguous(&mut rng, &sa);
+            let (b, lb) = random_contiguous(&mut rng, &sb);
+            let (got, shape) = matmul_with(kernel, &a, &la, &b, &lb);
+            let (want, want_shape) = matmul_naive(&read(&a, &la), &sa, &read(&b, &lb), &sb);
+            assert_eq!(shape.as_slice(), &want_shape[..]);
+            let what = format!("{kernel:?} {sa:?} @ {sb:?}");
+            assert_close(&got, &want, 1e-4 * 6.0, 1e-4, &what);
+        }
+    }
+}
+
+#[test]
+fn every_kernel_gives_bit_identical_results_on_any_thread_count() {
+    let mut rng = Rng::new(27);
+    let (m, k, n) = (301, 530, 290);
+    let (a, b) = (rng.vec(m * k), rng.vec(k * n));
+    let (la, lb) = (Layout::contiguous(&[m, k]), Layout::contiguous(&[k, n]));
+    for kernel in gemm_kernels() {
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let (out, _) = pool.install(|| matmul_with(kernel, &a, &la, &b, &lb));
+            out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        let one = on(1);
+        assert_eq!(one, on(2), "{kernel:?}: 1 vs 2 threads");
+        assert_eq!(one, on(3), "{kernel:?}: 1 vs 3 threads");
+    }
+}
