@@ -18,6 +18,7 @@ pub mod layers;
 pub mod module;
 pub mod ops;
 pub mod optim;
+pub mod parallel;
 pub mod rng;
 pub mod tensor;
 

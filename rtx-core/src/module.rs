@@ -4,7 +4,6 @@
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 use std::borrow::Cow;
-use std::cell::Cell;
 
 pub trait Module {
     /// Fresh parameters drawn from `rng` with PyTorch's default scheme for each layer.
@@ -77,11 +76,9 @@ pub fn with_name<R>(prefix: &str, name: &str, f: impl FnOnce(&str) -> R) -> R {
 
 type GradEntries = Vec<(Cow<'static, str>, Tensor)>;
 
-thread_local! {
-    /// The entry list of the last dropped `Grads`, reused by the next (a training step makes
-    /// one per step).
-    static SPARE_ENTRIES: Cell<GradEntries> = const { Cell::new(Vec::new()) };
-}
+/// The entry list of the last dropped `Grads`, reused by the next (a training step makes one
+/// per step, maybe on a pool thread, and the caller's thread drops it).
+static SPARE_ENTRIES: std::sync::Mutex<GradEntries> = std::sync::Mutex::new(Vec::new());
 
 /// Gradients of a scalar with respect to every parameter, in the model's parameter order.
 #[derive(Clone, Debug, Default)]
@@ -93,14 +90,21 @@ impl Drop for Grads {
     fn drop(&mut self) {
         let mut entries = std::mem::take(&mut self.entries);
         entries.clear();
-        SPARE_ENTRIES.with(|spare| spare.set(entries));
+        if let Ok(mut spare) = SPARE_ENTRIES.lock()
+            && spare.capacity() < entries.capacity()
+        {
+            *spare = entries;
+        }
     }
 }
 
 impl Grads {
     pub fn new() -> Grads {
         Grads {
-            entries: SPARE_ENTRIES.with(Cell::take),
+            entries: SPARE_ENTRIES
+                .lock()
+                .map(|mut spare| std::mem::take(&mut *spare))
+                .unwrap_or_default(),
         }
     }
 

@@ -42,13 +42,15 @@ impl Drop for Storage {
     }
 }
 
-/// At most this many spare tensor handles are kept per thread.
+/// At most this many spare tensor handles are kept.
 const SPARE_HANDLES: usize = 1024;
 
+/// Reference-counted storage handles of dropped tensors (holding empty storage), reused by the
+/// next tensors, so a training step after the first allocates no handles either. Shared by
+/// all threads: a step may run on a pool thread and hand its results to the caller's thread.
+static SPARE: std::sync::Mutex<Vec<Arc<Storage>>> = std::sync::Mutex::new(Vec::new());
+
 thread_local! {
-    /// Reference-counted storage handles of dropped tensors (holding empty storage), reused by
-    /// the next tensors, so a training step after the first allocates no handles either.
-    static SPARE: std::cell::RefCell<Vec<Arc<Storage>>> = const { std::cell::RefCell::new(Vec::new()) };
     /// What a dropping tensor holds while its handle is moved to `SPARE`.
     static PLACEHOLDER: Arc<Storage> = Arc::new(Storage::F32(Vec::new()));
 }
@@ -66,22 +68,17 @@ impl Drop for Tensor {
             // The buffer goes back to the kernels' cache here (`Storage::drop`).
             *storage = Storage::F32(Vec::new());
         }
-        let _ = SPARE.try_with(|spare| {
-            if let Ok(mut spare) = spare.try_borrow_mut()
-                && spare.len() < SPARE_HANDLES
-            {
-                spare.push(handle);
-            }
-        });
+        if let Ok(mut spare) = SPARE.lock()
+            && spare.len() < SPARE_HANDLES
+        {
+            spare.push(handle);
+        }
     }
 }
 
 /// A handle holding `storage`: a spare one when there is one.
 fn handle(storage: Storage) -> Arc<Storage> {
-    let spare = SPARE
-        .try_with(|spare| spare.try_borrow_mut().ok().and_then(|mut s| s.pop()))
-        .ok()
-        .flatten();
+    let spare = SPARE.lock().ok().and_then(|mut spare| spare.pop());
     match spare {
         Some(mut handle) => match Arc::get_mut(&mut handle) {
             Some(slot) => {

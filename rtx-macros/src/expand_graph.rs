@@ -374,6 +374,7 @@ fn emit_fn(
     let bindings = emit_bindings(model, f, ir);
     let param_checks = schedule::param_checks(ir, params);
     let out = format_ident!("__n{}", ir.output);
+    let largest = schedule::largest_value_expr(ir);
     let forward_roots = [ir.output];
     let fwd_fused = schedule::schedule(ir, ir.forward_len, &forward_roots, params, f, true);
     let fwd_plain = schedule::schedule(ir, ir.forward_len, &forward_roots, params, f, false);
@@ -395,14 +396,17 @@ fn emit_fn(
         pub fn #with(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
             #bindings
             #param_checks
-            let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
-            if __ctx.fusion() {
-                #fwd_fused
-                Ok(#out.clone())
-            } else {
-                #fwd_plain
-                Ok(#out.clone())
-            }
+            let __largest: usize = #largest;
+            ::rtx_core::parallel::run(__largest, move || {
+                let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
+                if __ctx.fusion() {
+                    #fwd_fused
+                    Ok(#out.clone())
+                } else {
+                    #fwd_plain
+                    Ok(#out.clone())
+                }
+            })
         }
     };
     if ir.graph.node(ir.output).shape.is_empty() {
@@ -440,17 +444,20 @@ fn emit_fn(
             pub fn #and_grads(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<(::rtx_core::Tensor, ::rtx_core::Grads)> {
                 #bindings
                 #param_checks
-                let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
-                let mut __grads = ::rtx_core::Grads::new();
-                if __ctx.fusion() {
-                    #all_fused
-                    #(#pushes)*
-                    Ok((#out.clone(), __grads))
-                } else {
-                    #all_plain
-                    #(#pushes)*
-                    Ok((#out.clone(), __grads))
-                }
+                let __largest: usize = #largest;
+                ::rtx_core::parallel::run(__largest, move || {
+                    let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
+                    let mut __grads = ::rtx_core::Grads::new();
+                    if __ctx.fusion() {
+                        #all_fused
+                        #(#pushes)*
+                        Ok((#out.clone(), __grads))
+                    } else {
+                        #all_plain
+                        #(#pushes)*
+                        Ok((#out.clone(), __grads))
+                    }
+                })
             }
         });
     }

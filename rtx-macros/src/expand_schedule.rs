@@ -46,6 +46,22 @@ fn atom_expr(a: &Atom) -> TokenStream {
     }
 }
 
+/// The number of elements of the function's largest value, as a run-time expression (a
+/// maximum over its distinct shapes): it decides whether a call runs on rayon's pool
+/// (`rtx_core::parallel::run`).
+pub fn largest_value_expr(ir: &GraphFn) -> TokenStream {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut sizes = Vec::new();
+    for node in &ir.graph.nodes {
+        if node.shape.is_empty() || !seen.insert(format!("{:?}", node.shape)) {
+            continue;
+        }
+        let dims = node.shape.iter().map(dim_expr);
+        sizes.push(quote!(1usize #(.saturating_mul(#dims))*));
+    }
+    quote!([0usize #(, #sizes)*].into_iter().max().unwrap_or(0))
+}
+
 /// `&[d0, d1, ..]`: the run-time shape of node `id`.
 fn shape_expr(ir: &GraphFn, id: NodeId) -> TokenStream {
     let dims = ir.graph.node(id).shape.iter().map(dim_expr);

@@ -95,6 +95,9 @@ pub fn reduce(
             (true, false) => None,
         })
         .collect();
+    if let Some(out) = reduce_leading_sum(op, x, l, axes) {
+        return (out, out_shape);
+    }
     let groups = Groups::new(l, axes);
     let group_len = groups.group_len();
     let walk = Walk::new(&groups.group.shape, [&groups.group]);
@@ -161,6 +164,47 @@ pub fn reduce(
         });
     }
     (out, out_shape)
+}
+
+/// Sum or mean over the leading axes of a contiguous tensor (a bias gradient: `[B, N] -> [N]`),
+/// row by row into f64 accumulators, which vectorizes across the kept elements. Each output
+/// still sums its terms in row order, as the general path does, so the bits are the same.
+/// `None` when the reduction is not of that form, or is too short to need it.
+fn reduce_leading_sum(op: ReduceOp, x: &[f32], l: &Layout, axes: &[usize]) -> Option<Vec<f32>> {
+    let leading = axes.iter().enumerate().all(|(i, &axis)| i == axis);
+    if op == ReduceOp::Max || axes.is_empty() || !leading || !l.is_contiguous() {
+        return None;
+    }
+    let rows = numel(&l.shape[..axes.len()]);
+    let inner = numel(&l.shape[axes.len()..]);
+    // Long columns would go to the general path's parallel pieces; narrow rows gain nothing.
+    if rows > GROUP_PIECE || inner < 8 || rows * inner > 4 * PARALLEL_THRESHOLD * 16 {
+        return None;
+    }
+    let data = &x[l.offset..l.offset + rows * inner];
+    let mut out = crate::pool::take(inner);
+    with_f64_scratch(|acc| {
+        acc.clear();
+        acc.resize(inner, 0.0);
+        for row in data.chunks_exact(inner) {
+            for (a, &v) in acc.iter_mut().zip(row) {
+                *a += v as f64;
+            }
+        }
+        let scale = if op == ReduceOp::Mean {
+            rows as f64
+        } else {
+            1.0
+        };
+        for (o, &a) in out.iter_mut().zip(acc.iter()) {
+            *o = if op == ReduceOp::Mean {
+                (a / scale) as f32
+            } else {
+                a as f32
+            };
+        }
+    });
+    Some(out)
 }
 
 /// Gradient of Max-reduction: for each reduced group, the upstream gradient goes to the FIRST position (row-major order within the group) holding the max, zero elsewhere. g has the reduced shape (keepdim or not, as given). Output has x's shape.
