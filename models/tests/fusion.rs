@@ -148,7 +148,7 @@ fn mlp_step_fuses_bias_relu_and_the_relu_gradient() {
         .iter()
         .filter_map(|s| match s {
             Step::Fused { body, .. } => Some(body.iter().map(|i| i.op).collect()),
-            Step::Kernel(_) => None,
+            Step::Kernel(_) | Step::Rows { .. } => None,
         })
         .collect();
     assert!(groups.contains(&vec![Pw::Add, Pw::Relu]), "{steps:?}");
@@ -169,4 +169,100 @@ fn a_wrong_shaped_parameter_is_an_error_naming_it() {
     for part in ["fc.weight", "[6, 6]", "[6, 5]"] {
         assert!(text.contains(part), "`{part}` missing from: {text}");
     }
+}
+
+/// Row reductions over the last axis, forward and backward: a LayerNorm layer, functional
+/// `layer_norm`, and sum / mean / max over the last axis kept as row scalars. `T` is a second
+/// symbolic dim, so rows are `[B, T]` and row lengths are literal.
+#[model]
+pub struct Rows {
+    fc: Linear<7, 9>,
+    norm: LayerNorm<9>,
+    gain: Param1<9>,
+    shift: Param1<9>,
+}
+
+#[model]
+impl Rows {
+    graph! {
+        fn forward<B, T>(&self, x: [B, T, 7]) -> [B, T, 9] {
+            let h = self.norm(self.fc(x));
+            let peak = max(h, -1, keepdim);
+            let spread = exp(h - peak);
+            let share = spread / sum(spread, -1, keepdim);
+            layer_norm(share * 3.0 + h - mean(h, -1, keepdim), self.gain, self.shift)
+        }
+
+        fn loss<B, T>(&self, x: [B, T, 7], t: [B, T, 9]) -> [] {
+            mse(self.forward(x), t)
+        }
+    }
+}
+
+#[test]
+fn row_reductions_fused_and_unfused_agree() {
+    let model = Rows::init(31);
+    let mut rng = Rng::new(32);
+    let (x, t) = (rng.images(&[5, 3, 7]), rng.images(&[5, 3, 9]));
+
+    let fwd_f = model
+        .forward_with(&mut Ctx::eval().with_fusion(true), &x)
+        .unwrap();
+    let fwd_p = model
+        .forward_with(&mut Ctx::eval().with_fusion(false), &x)
+        .unwrap();
+    let (loss_f, grads_f) = model
+        .loss_and_grads(&mut Ctx::eval().with_fusion(true), &x, &t)
+        .unwrap();
+    let (loss_p, grads_p) = model
+        .loss_and_grads(&mut Ctx::eval().with_fusion(false), &x, &t)
+        .unwrap();
+
+    assert_close(&fwd_f, &fwd_p, "forward");
+    assert_close(&loss_f, &loss_p, "loss");
+    assert_grads_close(&grads_f, &grads_p, &param_names(&model));
+}
+
+#[test]
+fn layer_norm_forward_is_one_row_kernel_after_the_matmul() {
+    // mean, centre, square, mean, eps, sqrt, divide, scale, shift: one pass per row each for
+    // the two means, one kernel in all.
+    let ir = Rows::graph().unwrap();
+    let f = ir.function("forward").unwrap();
+
+    let steps = plan(&f.graph, f.forward_len, &[f.output]);
+
+    let first_rows = steps
+        .iter()
+        .position(|s| matches!(s, Step::Rows { .. }))
+        .expect("a row kernel");
+    let Step::Rows { body, .. } = &steps[first_rows] else {
+        unreachable!()
+    };
+    let reductions = body
+        .iter()
+        .filter(|i| matches!(i, rtx_core::ir::fusion::RowInstr::Reduce { .. }))
+        .count();
+    assert!(reductions >= 2, "{:?}", steps[first_rows]);
+    let kernels = steps
+        .iter()
+        .filter(|s| matches!(s, Step::Kernel(_)))
+        .count();
+    assert!(kernels <= 2, "matmul and bias only: {steps:?}");
+}
+
+#[test]
+fn layer_norm_backward_row_sums_are_row_kernels() {
+    let ir = Rows::graph().unwrap();
+    let f = ir.function("loss").unwrap();
+    let mut roots = vec![f.output];
+    roots.extend(f.grads.iter().filter_map(|g| g.grad));
+
+    let steps = plan(&f.graph, f.graph.len(), &roots);
+
+    let backward_rows = steps[..]
+        .iter()
+        .filter(|s| matches!(s, Step::Rows { outputs, .. } if outputs.iter().any(|&o| o >= f.forward_len)))
+        .count();
+    assert!(backward_rows >= 1, "{steps:?}");
 }

@@ -6,6 +6,7 @@ use crate::tensor::Tensor;
 use rtx_backends::cpu;
 use std::sync::OnceLock;
 
+pub use rtx_backends::cpu::RowIn;
 pub use rtx_backends::cpu::scalar;
 
 /// Whether compiled models run their fused schedule: true unless the environment variable
@@ -41,4 +42,38 @@ where
         std::array::from_fn(|k| (data[k], &layouts[k]));
     let outs = cpu::map_fused(args, shape, body);
     Ok(outs.map(|data| Tensor::from_kernel(data, shape)))
+}
+
+/// Runs a generated row body (a `Step::Rows` group) over the rows of `wide`: input `k` is
+/// `inputs[k]` broadcast to `wide`; output `m` has shape `wide` when `out_wide[m]`, else
+/// `wide` with its last axis 1.
+#[doc(hidden)]
+pub fn rows<const N: usize, const M: usize, F>(
+    inputs: [&Tensor; N],
+    wide: &[usize],
+    out_wide: [bool; M],
+    body: F,
+) -> Result<[Tensor; M]>
+where
+    F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M]) + Sync,
+{
+    let mut data: [&[f32]; N] = [&[]; N];
+    for (slot, t) in data.iter_mut().zip(inputs) {
+        *slot = t.f32_parts("row kernel")?.0;
+    }
+    let layouts: [rtx_backends::Layout; N] =
+        std::array::from_fn(|k| inputs[k].layout().broadcast_to(wide));
+    let args: [(&[f32], &rtx_backends::Layout); N] =
+        std::array::from_fn(|k| (data[k], &layouts[k]));
+    let outs = cpu::map_rows(args, wide, out_wide, body);
+    let mut narrow = rtx_backends::layout::Dims::from_slice(wide);
+    if let Some(last) = narrow.last_mut() {
+        *last = 1;
+    }
+    let mut m = 0;
+    Ok(outs.map(|data| {
+        let shape: &[usize] = if out_wide[m] { wide } else { &narrow };
+        m += 1;
+        Tensor::from_kernel(data, shape)
+    }))
 }

@@ -11,6 +11,13 @@
 //! needed earlier than that; closing a group at its first outside reader guarantees it.
 //! Scalar constants are inlined as literals. Random ops (dropout masks) are never fused: they
 //! draw from the context's seed stream in node order.
+//!
+//! Row groups: a reduction over the last axis with `keepdim` (`mean(x, -1)` in layer_norm,
+//! the `SumTo [.., N] -> [.., 1]` and `MeanGrad` of its backward) joins the open group it reads
+//! from, or starts one. Such a group computes per row of its *wide* shape `[.., N]`: pointwise
+//! values of shape `[.., N]` or `[.., 1]` (row scalars) and the row reductions between them,
+//! one pass over the row per reduction plus one to write the outputs (`Step::Rows`). So
+//! layer_norm, forward and backward, runs as one kernel per row instead of four.
 
 use crate::graph::{Graph, NodeId};
 use crate::op::{Cmp, DType, Op};
@@ -112,6 +119,30 @@ pub enum Operand {
     Node(NodeId),
     /// A scalar constant, inlined.
     Const(f64),
+    /// The length of the row (the last axis of the wide shape), in a `Step::Rows` group.
+    RowLen,
+}
+
+/// A reduction over the last axis of a row group, kept as a row scalar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowReduce {
+    Sum,
+    Mean,
+    Max,
+}
+
+/// One instruction of a row group.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RowInstr {
+    /// A pointwise instruction; `wide` tells whether its value has the wide shape `[.., N]`
+    /// (computed in every pass over the row) or is a row scalar `[.., 1]` (computed once).
+    Map { instr: Instr, wide: bool },
+    /// `node = reduce(arg)` over the row, where `arg` is wide.
+    Reduce {
+        node: NodeId,
+        op: RowReduce,
+        arg: Operand,
+    },
 }
 
 /// One instruction of a fused group: `node = op(args)`.
@@ -134,6 +165,75 @@ pub enum Step {
         body: Vec<Instr>,
         outputs: Vec<NodeId>,
     },
+    /// A row group (see the module docs): `shape_of` has the wide shape; each output is wide
+    /// or a row scalar (its shape tells which).
+    Rows {
+        shape_of: NodeId,
+        inputs: Vec<NodeId>,
+        body: Vec<RowInstr>,
+        outputs: Vec<NodeId>,
+    },
+}
+
+/// How a node takes part in a row group, if it can.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum RowRole {
+    /// A reduction over the last axis keeping it as size 1: the node's argument is wide.
+    Reduce(RowReduce),
+    /// `MeanGrad` over the last axis: the row-scalar gradient spread over the row, divided by
+    /// the row length. The node is wide.
+    Spread,
+}
+
+fn is_last_axis(axes: &[usize], rank: usize) -> bool {
+    rank >= 1 && axes == [rank - 1]
+}
+
+fn row_role(graph: &Graph, id: NodeId) -> Option<RowRole> {
+    let node = graph.node(id);
+    if node.dtype != DType::F32 {
+        return None;
+    }
+    let rank = node.shape.len();
+    match &node.op {
+        Op::Sum {
+            axes,
+            keepdim: true,
+        } if is_last_axis(axes, rank) => Some(RowRole::Reduce(RowReduce::Sum)),
+        Op::Mean {
+            axes,
+            keepdim: true,
+        } if is_last_axis(axes, rank) => Some(RowRole::Reduce(RowReduce::Mean)),
+        Op::Max {
+            axes,
+            keepdim: true,
+        } if is_last_axis(axes, rank) => Some(RowRole::Reduce(RowReduce::Max)),
+        Op::SumTo => {
+            // [.., N] -> [.., 1] with the same leading axes: a sum over the row.
+            let from = &graph.node(*node.args.first()?).shape;
+            let to = &node.shape;
+            (rank >= 1
+                && from.len() == rank
+                && from[..rank - 1] == to[..rank - 1]
+                && to[rank - 1].is_one()
+                && !from[rank - 1].is_one())
+            .then_some(RowRole::Reduce(RowReduce::Sum))
+        }
+        Op::MeanGrad {
+            axes,
+            keepdim: true,
+        } if is_last_axis(axes, rank) => Some(RowRole::Spread),
+        _ => None,
+    }
+}
+
+/// `shape` with its last axis 1: the row-scalar shape of a wide shape.
+fn narrow_of(shape: &[crate::dim::Dim]) -> Vec<crate::dim::Dim> {
+    let mut narrow = shape.to_vec();
+    if let Some(last) = narrow.last_mut() {
+        *last = crate::dim::Dim::known(1);
+    }
+    narrow
 }
 
 /// The schedule of nodes `0..upto` of `graph`, where `roots` (the function's results) must
@@ -145,14 +245,41 @@ pub fn plan(graph: &Graph, upto: usize, roots: &[NodeId]) -> Vec<Step> {
     let mut group: Vec<Option<usize>> = vec![None; upto];
     let mut members: Vec<Vec<NodeId>> = Vec::new();
     let mut closed: Vec<bool> = Vec::new();
+    // The wide shape of a row group; `None` for a plain pointwise group.
+    let mut wide: Vec<Option<Vec<crate::dim::Dim>>> = Vec::new();
     for id in 0..upto {
         let node = graph.node(id);
-        let fusible = Pointwise::of(&node.op).is_some() && node.dtype == DType::F32;
+        let pointwise = Pointwise::of(&node.op).is_some() && node.dtype == DType::F32;
+        let role = if pointwise { None } else { row_role(graph, id) };
+        // The wide shape this node would give a group it starts or turns into a row group.
+        let own_wide = match role {
+            Some(RowRole::Reduce(_)) => Some(graph.node(node.args[0]).shape.clone()),
+            Some(RowRole::Spread) => Some(node.shape.clone()),
+            None => None,
+        };
+        let open = |a: NodeId| -> Option<usize> {
+            let g = group.get(a).copied().flatten()?;
+            (!closed[g]).then_some(g)
+        };
         let mut joined = None;
-        if fusible {
+        if pointwise {
             joined = node.args.iter().find_map(|&a| {
-                let g = group.get(a).copied().flatten()?;
-                (!closed[g] && graph.node(a).shape == node.shape).then_some(g)
+                let g = open(a)?;
+                let fits = match &wide[g] {
+                    None => graph.node(a).shape == node.shape,
+                    Some(w) => node.shape == *w || node.shape == narrow_of(w),
+                };
+                fits.then_some(g)
+            });
+        } else if let (Some(role), Some(w)) = (role, &own_wide) {
+            // A reduction joins the group of its wide argument; a spread that of its gradient.
+            let a = match role {
+                RowRole::Reduce(_) => node.args[0],
+                RowRole::Spread => node.args[1],
+            };
+            joined = open(a).filter(|&g| match &wide[g] {
+                None => role != RowRole::Spread && graph.node(a).shape == *w,
+                Some(gw) => gw == w,
             });
         }
         // Every group this node reads from, other than its own, now has an outside reader.
@@ -163,12 +290,16 @@ pub fn plan(graph: &Graph, upto: usize, roots: &[NodeId]) -> Vec<Step> {
                 closed[g] = true;
             }
         }
-        if fusible {
+        if pointwise || role.is_some() {
             let g = joined.unwrap_or_else(|| {
                 members.push(Vec::new());
                 closed.push(false);
+                wide.push(None);
                 members.len() - 1
             });
+            if role.is_some() {
+                wide[g] = own_wide;
+            }
             group[id] = Some(g);
             members[g].push(id);
         }
@@ -198,7 +329,10 @@ pub fn plan(graph: &Graph, upto: usize, roots: &[NodeId]) -> Vec<Step> {
             ) => {}
             None => steps.push(Step::Kernel(id)),
             Some(g) if members[g].last() == Some(&id) => {
-                steps.push(fused_step(graph, &members[g], &group, &read_outside));
+                steps.push(match &wide[g] {
+                    None => fused_step(graph, &members[g], &group, &read_outside),
+                    Some(w) => rows_step(graph, &members[g], w, &group, &read_outside),
+                });
             }
             Some(_) => {}
         }
@@ -249,6 +383,83 @@ fn fused_step(
         .collect();
     Step::Fused {
         shape_of: last,
+        inputs,
+        body,
+        outputs,
+    }
+}
+
+/// The `Step::Rows` of a row group.
+fn rows_step(
+    graph: &Graph,
+    members: &[NodeId],
+    wide_shape: &[crate::dim::Dim],
+    group: &[Option<usize>],
+    read_outside: &[bool],
+) -> Step {
+    let own = group[members[0]];
+    let mut inputs: Vec<NodeId> = Vec::new();
+    let mut operand = |a: NodeId| -> Operand {
+        if own.is_some() && group.get(a).copied().flatten() == own {
+            return Operand::Node(a);
+        }
+        if let Op::Const { value } = graph.node(a).op {
+            return Operand::Const(value);
+        }
+        let i = inputs.iter().position(|&x| x == a).unwrap_or_else(|| {
+            inputs.push(a);
+            inputs.len() - 1
+        });
+        Operand::Input(i)
+    };
+    let mut body = Vec::with_capacity(members.len());
+    // Any node of the wide shape gives the step its shape: a wide member, or the argument of a
+    // reduction (an input when the group is a lone reduction).
+    let mut shape_of = None;
+    for &m in members {
+        let node = graph.node(m);
+        let is_wide = node.shape == wide_shape;
+        if is_wide {
+            shape_of.get_or_insert(m);
+        }
+        match (Pointwise::of(&node.op), row_role(graph, m)) {
+            (Some(op), _) => body.push(RowInstr::Map {
+                instr: Instr {
+                    node: m,
+                    op,
+                    args: node.args.iter().map(|&a| operand(a)).collect(),
+                },
+                wide: is_wide,
+            }),
+            (None, Some(RowRole::Reduce(op))) => {
+                shape_of.get_or_insert(node.args[0]);
+                body.push(RowInstr::Reduce {
+                    node: m,
+                    op,
+                    arg: operand(node.args[0]),
+                });
+            }
+            // MeanGrad(like, g): g / row length, spread over the row (`like` gives only the
+            // shape, so it is not read).
+            (None, Some(RowRole::Spread)) => body.push(RowInstr::Map {
+                instr: Instr {
+                    node: m,
+                    op: Pointwise::Div,
+                    args: vec![operand(node.args[1]), Operand::RowLen],
+                },
+                wide: true,
+            }),
+            (None, None) => {}
+        }
+    }
+    let last = *members.last().unwrap_or(&members[0]);
+    let outputs = members
+        .iter()
+        .copied()
+        .filter(|&m| read_outside[m] || m == last)
+        .collect();
+    Step::Rows {
+        shape_of: shape_of.unwrap_or(last),
         inputs,
         body,
         outputs,

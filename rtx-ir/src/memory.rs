@@ -25,7 +25,7 @@ pub fn is_view(op: &Op) -> bool {
 pub fn step_outputs(step: &Step) -> Vec<NodeId> {
     match step {
         Step::Kernel(id) => vec![*id],
-        Step::Fused { outputs, .. } => outputs.clone(),
+        Step::Fused { outputs, .. } | Step::Rows { outputs, .. } => outputs.clone(),
     }
 }
 
@@ -33,7 +33,7 @@ pub fn step_outputs(step: &Step) -> Vec<NodeId> {
 fn step_inputs(f: &GraphFn, step: &Step) -> Vec<NodeId> {
     match step {
         Step::Kernel(id) => f.graph.node(*id).args.clone(),
-        Step::Fused { inputs, .. } => inputs.clone(),
+        Step::Fused { inputs, .. } | Step::Rows { inputs, .. } => inputs.clone(),
     }
 }
 

@@ -12,7 +12,7 @@ use crate::internals::ast::GraphFnDef;
 use crate::internals::lower::ParamRef;
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
-use rtx_ir::fusion::{Instr, Operand, Pointwise, Step, plan};
+use rtx_ir::fusion::{Instr, Operand, Pointwise, RowInstr, RowReduce, Step, plan};
 use rtx_ir::{Atom, Dim, GraphFn, NodeId, Op};
 
 /// `Dim` as a run-time `usize` expression over bound symbols (`__d_B`) and const generics.
@@ -145,6 +145,8 @@ fn operand(o: &Operand) -> TokenStream {
             quote!(#id)
         }
         Operand::Const(c) => f32_literal(*c),
+        // Only row groups use it; `row_operand` handles it there.
+        Operand::RowLen => quote!((__cols as f32)),
     }
 }
 
@@ -192,6 +194,135 @@ fn fused(
     }
 }
 
+/// An operand inside a row body: inputs are read at column `__j` in a pass over the row
+/// (`wide`), or at column 0 for a row scalar (their column stride is 0 there).
+fn row_operand(o: &Operand, wide: bool) -> TokenStream {
+    match o {
+        Operand::Input(i) => {
+            let id = format_ident!("__i{}", i);
+            if wide {
+                quote!(#id.at(__j))
+            } else {
+                quote!(#id.at(0))
+            }
+        }
+        Operand::RowLen => quote!((__cols as f32)),
+        other => operand(other),
+    }
+}
+
+fn row_map(i: &Instr, wide: bool) -> TokenStream {
+    let t = format_ident!("__t{}", i.node);
+    let f = format_ident!("{}", i.op.name());
+    let args: Vec<TokenStream> = i.args.iter().map(|a| row_operand(a, wide)).collect();
+    match i.op {
+        Pointwise::Pow(p) => {
+            let p = f32_literal(p);
+            let x = &args[0];
+            quote!(let #t = ::rtx_core::fused::scalar::#f(#x, #p);)
+        }
+        _ => quote!(let #t = ::rtx_core::fused::scalar::#f(#(#args),*);),
+    }
+}
+
+/// A row group: one closure per row. Row scalars are computed once; each reduction is one
+/// pass over the row that recomputes the wide values before it (cheaper than storing them);
+/// a last pass writes the wide outputs.
+fn rows(
+    ir: &GraphFn,
+    shape_of: NodeId,
+    inputs: &[NodeId],
+    body: &[RowInstr],
+    outputs: &[NodeId],
+) -> TokenStream {
+    let wide_shape = &ir.graph.node(shape_of).shape;
+    let is_wide = |id: NodeId| &ir.graph.node(id).shape == wide_shape;
+    let mut stmts = TokenStream::new();
+    let mut wide_stmts: Vec<TokenStream> = Vec::new();
+    for step in body {
+        match step {
+            RowInstr::Map { instr, wide: true } => wide_stmts.push(row_map(instr, true)),
+            RowInstr::Map { instr, wide: false } => stmts.extend(row_map(instr, false)),
+            RowInstr::Reduce { node, op, arg } => {
+                let t = format_ident!("__t{}", node);
+                let arg = row_operand(arg, true);
+                stmts.extend(match op {
+                    RowReduce::Sum | RowReduce::Mean => {
+                        let finish = if *op == RowReduce::Mean {
+                            quote!((__acc / __cols as f64) as f32)
+                        } else {
+                            quote!(__acc as f32)
+                        };
+                        quote! {
+                            let #t = {
+                                let mut __acc = 0f64;
+                                for __j in 0..__cols {
+                                    #(#wide_stmts)*
+                                    __acc += #arg as f64;
+                                }
+                                #finish
+                            };
+                        }
+                    }
+                    RowReduce::Max => quote! {
+                        let #t = {
+                            let mut __acc = ::core::primitive::f32::NEG_INFINITY;
+                            for __j in 0..__cols {
+                                #(#wide_stmts)*
+                                __acc = ::rtx_core::fused::scalar::max_acc(__acc, #arg);
+                            }
+                            __acc
+                        };
+                    },
+                });
+            }
+        }
+    }
+    let mut wide_writes = TokenStream::new();
+    let mut scalar_writes = TokenStream::new();
+    for (m, &o) in outputs.iter().enumerate() {
+        let dst = format_ident!("__o{}", m);
+        let t = format_ident!("__t{}", o);
+        if is_wide(o) {
+            wide_writes.extend(quote!(#dst[__j] = #t;));
+        } else {
+            scalar_writes.extend(quote!(#dst[0] = #t;));
+        }
+    }
+    if !wide_writes.is_empty() {
+        stmts.extend(quote! {
+            for __j in 0..__cols {
+                #(#wide_stmts)*
+                #wide_writes
+            }
+        });
+    }
+    stmts.extend(scalar_writes);
+    let n = inputs.len();
+    let m = outputs.len();
+    let ins = inputs.iter().map(|&a| node_ref(a));
+    let in_names = (0..n).map(|i| format_ident!("__i{}", i));
+    let out_names = (0..m).map(|i| format_ident!("__o{}", i));
+    let out_wide = outputs.iter().map(|&o| is_wide(o));
+    let values: Vec<syn::Ident> = outputs.iter().map(|&o| value(o)).collect();
+    let refs = outputs.iter().map(|&o| node_ref(o));
+    let shape = shape_expr(ir, shape_of);
+    quote! {
+        let [#(#values),*] = ::rtx_core::fused::rows(
+            [#(#ins),*],
+            #shape,
+            [#(#out_wide),*],
+            #[inline(always)]
+            |__in: &[::rtx_core::fused::RowIn<'_>; #n], __cols: usize, __out: &mut [&mut [f32]; #m]| {
+                let [#(#in_names),*] = __in;
+                let [#(#out_names),*] = __out;
+                #stmts
+            },
+        )?;
+        #(let #refs = &#values;)*
+    }
+}
+
 /// The statements computing nodes `0..upto` of `ir`, where `roots` must be materialized:
 /// fused when `fuse` is true, one kernel per node otherwise. Every needed node `X` ends up in
 /// a variable `__nX: &Tensor`.
@@ -222,7 +353,9 @@ pub fn schedule(
                 .args
                 .iter()
                 .for_each(|&a| tensor_needed[a] = true),
-            Step::Fused { inputs, .. } => inputs.iter().for_each(|&a| tensor_needed[a] = true),
+            Step::Fused { inputs, .. } | Step::Rows { inputs, .. } => {
+                inputs.iter().for_each(|&a| tensor_needed[a] = true)
+            }
         }
     }
     for &r in roots {
@@ -248,6 +381,12 @@ pub fn schedule(
                 body,
                 outputs,
             } => fused(ir, *shape_of, inputs, body, outputs),
+            Step::Rows {
+                shape_of,
+                inputs,
+                body,
+                outputs,
+            } => rows(ir, *shape_of, inputs, body, outputs),
         });
         for &v in dead {
             let v = value(v);

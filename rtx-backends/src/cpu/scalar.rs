@@ -104,6 +104,17 @@ pub fn maximum(a: f32, b: f32) -> f32 {
     if a >= b || a.is_nan() { a } else { b }
 }
 
+/// One step of a max-reduction: `v` replaces `acc` when larger or the first NaN, so NaN
+/// propagates and ties keep the earliest value (the rule of `cpu::reduce`).
+#[inline(always)]
+pub fn max_acc(acc: f32, v: f32) -> f32 {
+    if v > acc || (v.is_nan() && !acc.is_nan()) {
+        v
+    } else {
+        acc
+    }
+}
+
 /// NaN-propagating, like `torch.minimum`.
 #[inline(always)]
 pub fn minimum(a: f32, b: f32) -> f32 {
