@@ -62,6 +62,7 @@ GROUPS = [
     ["cnn_step"],
     ["elementwise_chain", "copy"],
     ["gemm"],
+    ["gemm_bf16"],
 ]
 
 
@@ -233,6 +234,18 @@ class TorchPeer:
             r = measure(PLANS[n], lambda: torch.matmul(a, b))
             r["gflops"] = gflops(n, r["median_us"])
             out[("gemm", f"n={n}")] = r
+        return out
+
+    def gemm_bf16(self):
+        # bf16 operands; torch returns bf16 (accumulating in f32 inside oneDNN).
+        torch = self.torch
+        out = {}
+        for n in GEMM_SIZES:
+            a = torch.randn(n, n).to(torch.bfloat16)
+            b = torch.randn(n, n).to(torch.bfloat16)
+            r = measure(PLANS[n], lambda: torch.matmul(a, b))
+            r["gflops"] = gflops(n, r["median_us"])
+            out[("gemm_bf16", f"n={n}")] = r
         return out
 
 

@@ -163,6 +163,10 @@ const GROUPS: &[Group] = &[
         names: &["gemm"],
         run: gemm,
     },
+    Group {
+        names: &["gemm_bf16"],
+        run: gemm_bf16,
+    },
 ];
 
 /// Every result name `models bench` can print, for `--filter` and its error message.
@@ -398,6 +402,48 @@ fn gemm() -> Result<()> {
                 .field("n", n)
                 .timing(&timing)
                 .field("gflops", format!("{gflops:.1}"))
+        );
+    }
+    Ok(())
+}
+
+/// Square bf16 GEMM (bf16 operands, f32 accumulation and result) through the kernel entry
+/// point `rtx_backends::cpu::matmul_bf16`: bf16 tensors do not exist in the DSL yet. The
+/// `kernel` field says which bf16 kernel this CPU runs.
+fn gemm_bf16() -> Result<()> {
+    use half::bf16;
+    use rtx_backends::{Layout, cpu};
+    let kernel = cpu::bf16_kernels().last().copied();
+    let sizes: [(usize, Plan); 4] = [
+        (256, Plan::new(10, 200, 2_000)),
+        (512, Plan::new(3, 60, 2_500)),
+        (1024, Plan::new(2, 20, 3_000)),
+        (2048, Plan::new(1, 5, 4_000)),
+    ];
+    for (n, plan) in sizes {
+        let mut rng = Rng::new(40 + n as u64);
+        let a: Vec<bf16> = normal_vec(&mut rng, n * n)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        let b: Vec<bf16> = normal_vec(&mut rng, n * n)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        let l = Layout::contiguous(&[n, n]);
+        let timing = measure(plan, || {
+            let (out, _) = cpu::matmul_bf16(&a, &l, &b, &l);
+            rtx_backends::pool::give_back(black_box(out));
+            Ok(())
+        })?;
+        let gflops = 2.0 * (n as f64).powi(3) / (timing.median_us() * 1e-6) / 1e9;
+        println!(
+            "{}",
+            Line::new("gemm_bf16")
+                .field("n", n)
+                .timing(&timing)
+                .field("gflops", format!("{gflops:.1}"))
+                .field("kernel", format!("{kernel:?}"))
         );
     }
     Ok(())

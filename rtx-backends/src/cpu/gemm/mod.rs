@@ -11,6 +11,7 @@
 //! Nothing here allocates after warm-up: the output comes from `crate::pool`, and the packed
 //! panels live in per-thread scratch buffers that are kept between calls.
 
+pub(crate) mod bf16;
 mod direct;
 mod kernels;
 mod pack;
@@ -165,7 +166,7 @@ pub fn matmul(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> (Vec<f32>, Dims
 
 /// The output pointer shared by the tasks; each task writes a disjoint block of C.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint blocks of one buffer that outlives the parallel section.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
@@ -288,7 +289,7 @@ pub fn matmul_with(
 }
 
 /// `l`'s batch axes (all but the last two) broadcast to `batch_shape`.
-fn batch_layout(l: &Layout, batch_shape: &[usize]) -> Layout {
+pub(crate) fn batch_layout(l: &Layout, batch_shape: &[usize]) -> Layout {
     let batch_rank = l.rank() - 2;
     Layout {
         shape: Dims::from_slice(&l.shape[..batch_rank]),
