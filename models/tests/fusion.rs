@@ -8,6 +8,7 @@ use common::Rng;
 use models::cnn::Cnn;
 use models::mlp::Mlp;
 use models::train::Classifier;
+use rtx_core::ir::Op;
 use rtx_core::ir::fusion::{Pointwise as Pw, Step, plan};
 use rtx_core::prelude::*;
 
@@ -172,7 +173,8 @@ fn a_wrong_shaped_parameter_is_an_error_naming_it() {
 }
 
 /// Row reductions over the last axis, forward and backward: a LayerNorm layer, functional
-/// `layer_norm`, and sum / mean / max over the last axis kept as row scalars. `T` is a second
+/// `layer_norm`, `softmax` and `log_softmax` (over the last axis and over `T`), and sum /
+/// mean / max over the last axis kept as row scalars. `T` is a second
 /// symbolic dim, so rows are `[B, T]` and row lengths are literal.
 #[model]
 pub struct Rows {
@@ -190,7 +192,8 @@ impl Rows {
             let peak = max(h, -1, keepdim);
             let spread = exp(h - peak);
             let share = spread / sum(spread, -1, keepdim);
-            layer_norm(share * 3.0 + h - mean(h, -1, keepdim), self.gain, self.shift)
+            let probs = softmax(h, -1) + log_softmax(h, 2) * 0.25 + softmax(h, 1) * 0.5;
+            layer_norm(share * 3.0 + h - mean(h, -1, keepdim) + probs, self.gain, self.shift)
         }
 
         fn loss<B, T>(&self, x: [B, T, 7], t: [B, T, 9]) -> [] {
@@ -224,31 +227,39 @@ fn row_reductions_fused_and_unfused_agree() {
 }
 
 #[test]
-fn layer_norm_forward_is_one_row_kernel_after_the_matmul() {
-    // mean, centre, square, mean, eps, sqrt, divide, scale, shift: one pass per row each for
-    // the two means, one kernel in all.
+fn last_axis_reductions_of_the_forward_pass_all_run_inside_row_kernels() {
+    // LayerNorm, the max / exp / sum / divide chain, softmax and log_softmax over the last
+    // axis and layer_norm: every reduction over the last axis is part of a row kernel; only
+    // the softmax over `T` (axis 1) keeps reduction kernels of its own.
     let ir = Rows::graph().unwrap();
     let f = ir.function("forward").unwrap();
 
     let steps = plan(&f.graph, f.forward_len, &[f.output]);
 
-    let first_rows = steps
+    let fused_reductions: usize = steps
         .iter()
-        .position(|s| matches!(s, Step::Rows { .. }))
-        .expect("a row kernel");
-    let Step::Rows { body, .. } = &steps[first_rows] else {
-        unreachable!()
-    };
-    let reductions = body
-        .iter()
-        .filter(|i| matches!(i, rtx_core::ir::fusion::RowInstr::Reduce { .. }))
-        .count();
-    assert!(reductions >= 2, "{:?}", steps[first_rows]);
-    let kernels = steps
-        .iter()
-        .filter(|s| matches!(s, Step::Kernel(_)))
-        .count();
-    assert!(kernels <= 2, "matmul and bias only: {steps:?}");
+        .map(|s| match s {
+            Step::Rows { body, .. } => body
+                .iter()
+                .filter(|i| matches!(i, rtx_core::ir::fusion::RowInstr::Reduce { .. }))
+                .count(),
+            _ => 0,
+        })
+        .sum();
+    assert!(fused_reductions >= 8, "{steps:?}");
+    for s in &steps {
+        if let Step::Kernel(id) = s {
+            let node = f.graph.node(*id);
+            let last = node.shape.len().saturating_sub(1);
+            if let Op::Sum { axes, .. } | Op::Mean { axes, .. } | Op::Max { axes, .. } = &node.op {
+                assert_ne!(
+                    axes,
+                    &vec![last],
+                    "a last-axis reduction left unfused: {steps:?}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -193,6 +193,7 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             )));
         }
         Op::Const { value } => Tensor::scalar(*value as f32),
+        Op::StopGradient => a(0).clone(),
         Op::Neg => unary(op, a(0), UnaryOp::Neg)?,
         Op::Relu => unary(op, a(0), UnaryOp::Relu)?,
         Op::Gelu => unary(op, a(0), UnaryOp::Gelu)?,
@@ -234,22 +235,6 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             let ((da, la), (db, lb)) = (f32s(a(0), op)?, f32s(a(1), op)?);
             let (out, shape) = cpu::matmul(da, la, db, lb);
             Tensor::from_kernel(out, &shape)
-        }
-        Op::Softmax { axis } => {
-            let (d, l) = f32s(a(0), op)?;
-            Tensor::from_kernel(cpu::softmax(d, l, *axis), out_shape)
-        }
-        Op::LogSoftmax { axis } => {
-            let (d, l) = f32s(a(0), op)?;
-            Tensor::from_kernel(cpu::log_softmax(d, l, *axis), out_shape)
-        }
-        Op::SoftmaxGrad { axis } => {
-            let ((dy, ly), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
-            Tensor::from_kernel(cpu::softmax_grad(dy, ly, dg, lg, *axis), out_shape)
-        }
-        Op::LogSoftmaxGrad { axis } => {
-            let ((dy, ly), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
-            Tensor::from_kernel(cpu::log_softmax_grad(dy, ly, dg, lg, *axis), out_shape)
         }
         Op::CrossEntropy => {
             let (d, l) = f32s(a(0), op)?;

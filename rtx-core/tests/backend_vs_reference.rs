@@ -114,7 +114,7 @@ fn test_of(op: &Op) -> Option<&'static str> {
     Some(match op {
         Op::Input { .. } | Op::Param { .. } => return None,
         Op::Const { .. } => "const_matches_reference",
-        Op::Neg | Op::Relu | Op::Gelu | Op::Tanh | Op::Sigmoid | Op::Exp => {
+        Op::StopGradient | Op::Neg | Op::Relu | Op::Gelu | Op::Tanh | Op::Sigmoid | Op::Exp => {
             "unary_ops_match_reference"
         }
         Op::Log | Op::Sqrt => "log_and_sqrt_match_reference_on_positive_inputs",
@@ -125,7 +125,6 @@ fn test_of(op: &Op) -> Option<&'static str> {
         Op::Select => "select_matches_reference",
         Op::Sum { .. } | Op::Mean { .. } | Op::Max { .. } => "reductions_match_reference",
         Op::MatMul => "matmul_matches_reference",
-        Op::Softmax { .. } | Op::LogSoftmax { .. } => "softmax_and_log_softmax_match_reference",
         Op::CrossEntropy => "cross_entropy_matches_reference",
         Op::Mse => "mse_matches_reference",
         Op::Conv2d { .. } => "conv2d_matches_reference",
@@ -142,7 +141,6 @@ fn test_of(op: &Op) -> Option<&'static str> {
         Op::ReluGrad | Op::GeluGrad => "relu_grad_and_gelu_grad_match_reference",
         Op::MeanGrad { .. } => "mean_grad_matches_reference",
         Op::MaxGrad { .. } => "max_grad_matches_reference",
-        Op::SoftmaxGrad { .. } | Op::LogSoftmaxGrad { .. } => "softmax_grads_match_reference",
         Op::CrossEntropyGrad => "cross_entropy_grad_matches_reference",
         Op::Conv2dGradInput { .. } => "conv2d_grad_input_matches_reference",
         Op::Conv2dGradWeight { .. } => "conv2d_grad_weight_matches_reference",
@@ -166,7 +164,15 @@ fn const_matches_reference() {
 fn unary_ops_match_reference() {
     let mut rng = Rng::new(1);
     let x = rng.tensor_in(&[3, 7], -3.0, 3.0);
-    for op in [Op::Neg, Op::Relu, Op::Gelu, Op::Tanh, Op::Sigmoid, Op::Exp] {
+    for op in [
+        Op::StopGradient,
+        Op::Neg,
+        Op::Relu,
+        Op::Gelu,
+        Op::Tanh,
+        Op::Sigmoid,
+        Op::Exp,
+    ] {
         check(&op, &[&x]);
     }
 }
@@ -397,35 +403,7 @@ fn matmul_reads_broadcast_and_narrowed_operands() {
     check_contraction(&Op::MatMul, &[&window, &b], 6);
 }
 
-// --- softmax and losses -----------------------------------------------------------------------
-
-#[test]
-fn softmax_and_log_softmax_match_reference() {
-    let mut rng = Rng::new(16);
-    let x2 = rng.tensor_in(&[4, 7], -4.0, 4.0);
-    let x3 = rng.tensor_in(&[2, 5, 3], -4.0, 4.0);
-    for axis in [0, 1] {
-        check(&Op::Softmax { axis }, &[&x2]);
-        check(&Op::LogSoftmax { axis }, &[&x2]);
-    }
-    for axis in [0, 1, 2] {
-        check(&Op::Softmax { axis }, &[&x3]);
-        check(&Op::LogSoftmax { axis }, &[&x3]);
-    }
-}
-
-#[test]
-fn softmax_reads_permuted_and_broadcast_views() {
-    let mut rng = Rng::new(17);
-    let p = permuted(&rng.tensor_in(&[6, 4], -3.0, 3.0), &[1, 0]);
-    let b = broadcast(&rng.tensor_in(&[1, 6], -3.0, 3.0), &[3, 6]);
-    for x in [&p, &b] {
-        for axis in [0, 1] {
-            check(&Op::Softmax { axis }, &[x]);
-            check(&Op::LogSoftmax { axis }, &[x]);
-        }
-    }
-}
+// --- losses -----------------------------------------------------------------------
 
 #[test]
 fn cross_entropy_matches_reference() {
@@ -1010,22 +988,6 @@ fn max_grad_matches_reference() {
         },
         &[&p, &rng.tensor(&[3, 4])],
     );
-}
-
-#[test]
-fn softmax_grads_match_reference() {
-    let mut rng = Rng::new(42);
-    let x = rng.tensor_in(&[4, 6], -3.0, 3.0);
-    let g = rng.tensor(&[4, 6]);
-    for axis in [0, 1] {
-        let y = run_op(&Op::Softmax { axis }, &[&x], &mut Ctx::eval()).unwrap();
-        check(&Op::SoftmaxGrad { axis }, &[&y, &g]);
-        let ly = run_op(&Op::LogSoftmax { axis }, &[&x], &mut Ctx::eval()).unwrap();
-        check(&Op::LogSoftmaxGrad { axis }, &[&ly, &g]);
-    }
-    let gt = permuted(&rng.tensor(&[6, 4]), &[1, 0]);
-    let y = run_op(&Op::Softmax { axis: 1 }, &[&x], &mut Ctx::eval()).unwrap();
-    check(&Op::SoftmaxGrad { axis: 1 }, &[&y, &gt]);
 }
 
 #[test]

@@ -235,6 +235,7 @@ fn vjp(
             ])
         }
         Op::Compare { .. } => Ok(vec![None, None]),
+        Op::StopGradient => Ok(vec![None]),
         Op::Select => {
             let zero = b.c(0.0).map_err(e)?;
             let ga = b.op(Op::Select, &[x(0), g, zero]).map_err(e)?;
@@ -278,10 +279,6 @@ fn vjp(
                 Some(b.sum_to(gb, x(1)).map_err(e)?),
             ])
         }
-        Op::Softmax { axis } => one(b.op(Op::SoftmaxGrad { axis: *axis }, &[y, g]).map_err(e)?),
-        Op::LogSoftmax { axis } => one(b
-            .op(Op::LogSoftmaxGrad { axis: *axis }, &[y, g])
-            .map_err(e)?),
         Op::CrossEntropy => Ok(vec![
             Some(b.op(Op::CrossEntropyGrad, &[x(0), x(1), g]).map_err(e)?),
             None,
@@ -396,8 +393,6 @@ fn vjp(
         | Op::GeluGrad
         | Op::MeanGrad { .. }
         | Op::MaxGrad { .. }
-        | Op::SoftmaxGrad { .. }
-        | Op::LogSoftmaxGrad { .. }
         | Op::CrossEntropyGrad
         | Op::Conv2dGradInput { .. }
         | Op::Conv2dGradWeight { .. }

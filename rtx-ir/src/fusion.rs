@@ -26,6 +26,8 @@ use crate::op::{Cmp, DType, Op};
 /// CPU meaning of each is a function of the same name in `rtx_backends::cpu::scalar`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Pointwise {
+    /// `x` (a `StopGradient`: the identity in the forward pass).
+    Identity,
     Neg,
     Relu,
     Gelu,
@@ -56,6 +58,7 @@ impl Pointwise {
     /// The table: the ops a fused kernel can evaluate one element at a time.
     pub fn of(op: &Op) -> Option<Pointwise> {
         Some(match op {
+            Op::StopGradient => Pointwise::Identity,
             Op::Neg => Pointwise::Neg,
             Op::Relu => Pointwise::Relu,
             Op::Gelu => Pointwise::Gelu,
@@ -82,6 +85,7 @@ impl Pointwise {
     /// Name of the scalar function that implements it on every target.
     pub fn name(self) -> &'static str {
         match self {
+            Pointwise::Identity => "identity",
             Pointwise::Neg => "neg",
             Pointwise::Relu => "relu",
             Pointwise::Gelu => "gelu",

@@ -12,7 +12,7 @@ use std::fmt::Write;
 pub type NodeId = usize;
 
 /// Bumped whenever the serialized form changes incompatibly.
-pub const IR_VERSION: u32 = 1;
+pub const IR_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Node {
@@ -292,11 +292,7 @@ fn describe(n: &Node) -> String {
         | Op::MeanGrad { axes, keepdim } => {
             format!(" axes={axes:?}{}", if *keepdim { " keepdim" } else { "" })
         }
-        Op::Softmax { axis }
-        | Op::LogSoftmax { axis }
-        | Op::SoftmaxGrad { axis }
-        | Op::LogSoftmaxGrad { axis }
-        | Op::Concat { axis } => {
+        Op::Concat { axis } => {
             format!(" axis={axis}")
         }
         Op::Conv2d { stride, padding }

@@ -381,7 +381,8 @@ pub fn infer(
         Op::Input { shape, dtype, .. } => Ok((shape.clone(), *dtype)),
         Op::Param { shape, .. } => f32_out(shape.clone()),
         Op::Const { .. } => f32_out(vec![]),
-        Op::Neg
+        Op::StopGradient
+        | Op::Neg
         | Op::Relu
         | Op::Gelu
         | Op::Tanh
@@ -441,10 +442,6 @@ pub fn infer(
             out.push(a[a.len() - 2].clone());
             out.push(b[b.len() - 1].clone());
             f32_out(out)
-        }
-        Op::Softmax { axis } | Op::LogSoftmax { axis } => {
-            check_axes(&[*axis], sh(0).len(), d.name)?;
-            f32_out(sh(0).clone())
         }
         Op::CrossEntropy => {
             let (logits, labels) = (sh(0), sh(1));
@@ -648,11 +645,6 @@ pub fn infer(
         Op::MeanGrad { axes, keepdim } | Op::MaxGrad { axes, keepdim } => {
             check_axes(axes, sh(0).len(), d.name)?;
             need_grad_shape(1, reduced(sh(0), axes, *keepdim), sh(1), d.name, u)?;
-            f32_out(sh(0).clone())
-        }
-        Op::SoftmaxGrad { axis } | Op::LogSoftmaxGrad { axis } => {
-            check_axes(&[*axis], sh(0).len(), d.name)?;
-            need_grad_shape(1, sh(0).clone(), sh(1), d.name, u)?;
             f32_out(sh(0).clone())
         }
         Op::CrossEntropyGrad => {

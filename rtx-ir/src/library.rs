@@ -94,6 +94,13 @@ pub const LIBRARY: &[LibraryOp] = &[
     }),
     row("neg", &["x"], &[], "-x", |e, t, _| e.op(Op::Neg, &[t[0]])),
     row(
+        "detach",
+        &["x"],
+        &[],
+        "x, with no gradient flowing back through it (PyTorch's `detach`)",
+        |e, t, _| e.op(Op::StopGradient, &[t[0]]),
+    ),
+    row(
         "pow",
         &["x"],
         &[("exponent", None)],
@@ -246,6 +253,26 @@ fn min_all(e: &mut dyn Emit, t: &[NodeId], _: &[f64]) -> Result<NodeId, ShapeErr
         &[n],
     )?;
     e.op(Op::Neg, &[m])
+}
+
+/// `softmax(x, axis)`, or `log_softmax(x, axis)` when `log`: the row max is subtracted first
+/// (so `exp` cannot overflow) through `StopGradient`, as the shift cancels in the result and
+/// its gradient is exactly zero. Over the last axis the planner fuses the whole composition,
+/// forward and backward, into one row kernel. The caller (the macro, which parses the axis)
+/// guarantees `axis < rank`.
+pub fn softmax(e: &mut dyn Emit, x: NodeId, axis: usize, log: bool) -> Result<NodeId, ShapeError> {
+    let keep = |op: fn(Vec<usize>, bool) -> Op| op(vec![axis], true);
+    let max = e.op(keep(|axes, keepdim| Op::Max { axes, keepdim }), &[x])?;
+    let shift = e.op(Op::StopGradient, &[max])?;
+    let shifted = e.op(Op::Sub, &[x, shift])?;
+    let exps = e.op(Op::Exp, &[shifted])?;
+    let total = e.op(keep(|axes, keepdim| Op::Sum { axes, keepdim }), &[exps])?;
+    if log {
+        let log_total = e.op(Op::Log, &[total])?;
+        e.op(Op::Sub, &[shifted, log_total])
+    } else {
+        e.op(Op::Div, &[exps, total])
+    }
 }
 
 fn layer_norm(e: &mut dyn Emit, t: &[NodeId], n: &[f64]) -> Result<NodeId, ShapeError> {

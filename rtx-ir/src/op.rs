@@ -76,6 +76,9 @@ pub enum Op {
     },
 
     // --- elementwise ---------------------------------------------------------------------
+    /// The identity, through which no gradient flows (`detach`, JAX's `stop_gradient`):
+    /// softmax's row max is shifted out without a gradient, as it cancels exactly.
+    StopGradient,
     Neg,
     Relu,
     Gelu,
@@ -119,12 +122,6 @@ pub enum Op {
     // --- linear algebra, nn ----------------------------------------------------------------
     /// `[.., M, K] @ [.., K, N]`, batch dimensions broadcast.
     MatMul,
-    Softmax {
-        axis: usize,
-    },
-    LogSoftmax {
-        axis: usize,
-    },
     /// `(logits [N, C], labels [N] i64) -> []`, mean over N.
     CrossEntropy,
     /// `(a, b) -> []`, mean of squared differences.
@@ -185,14 +182,6 @@ pub enum Op {
     MaxGrad {
         axes: Vec<usize>,
         keepdim: bool,
-    },
-    /// `(y, g)` with y the softmax output.
-    SoftmaxGrad {
-        axis: usize,
-    },
-    /// `(y, g)` with y the log_softmax output.
-    LogSoftmaxGrad {
-        axis: usize,
     },
     /// `(logits, labels, g []) -> logits-shaped`.
     CrossEntropyGrad,
@@ -275,6 +264,7 @@ impl Op {
             Op::Input { .. } => def("input", 0, Leaf, 0.0),
             Op::Param { .. } => def("param", 0, Leaf, 0.0),
             Op::Const { .. } => def("const", 0, Leaf, 0.0),
+            Op::StopGradient => def("stop_gradient", 1, Elementwise, 0.0),
             Op::Neg => def("neg", 1, Elementwise, 1.0),
             Op::Relu => def("relu", 1, Elementwise, 1.0),
             Op::Gelu => def("gelu", 1, Elementwise, 20.0),
@@ -296,8 +286,6 @@ impl Op {
             Op::Mean { .. } => def("mean", 1, Reduction, 1.0),
             Op::Max { .. } => def("max", 1, Reduction, 1.0),
             Op::MatMul => def("matmul", 2, Contraction, 2.0),
-            Op::Softmax { .. } => def("softmax", 1, Reduction, 25.0),
-            Op::LogSoftmax { .. } => def("log_softmax", 1, Reduction, 25.0),
             Op::CrossEntropy => def("cross_entropy", 2, Reduction, 25.0),
             Op::Mse => def("mse", 2, Reduction, 3.0),
             Op::Conv2d { .. } => def("conv2d", 2, Contraction, 2.0),
@@ -315,8 +303,6 @@ impl Op {
             Op::GeluGrad => def("gelu_grad", 2, Elementwise, 30.0),
             Op::MeanGrad { .. } => def("mean_grad", 2, Elementwise, 1.0),
             Op::MaxGrad { .. } => def("max_grad", 2, Reduction, 2.0),
-            Op::SoftmaxGrad { .. } => def("softmax_grad", 2, Reduction, 4.0),
-            Op::LogSoftmaxGrad { .. } => def("log_softmax_grad", 2, Reduction, 25.0),
             Op::CrossEntropyGrad => def("cross_entropy_grad", 3, Reduction, 25.0),
             Op::Conv2dGradInput { .. } => def("conv2d_grad_input", 3, Contraction, 2.0),
             Op::Conv2dGradWeight { .. } => def("conv2d_grad_weight", 3, Contraction, 2.0),

@@ -490,35 +490,6 @@ fn softmax(x: &Array, axis: usize, log: bool, what: &str) -> R<Array> {
     })
 }
 
-/// The backward of softmax (`log == false`: `y * (g - sum(g * y))`) or log-softmax
-/// (`log == true`: `g - exp(y) * sum(g)`), sums taken along `axis`.
-fn softmax_grad(y: &Array, g: &Array, axis: usize, log: bool, what: &str) -> R<Array> {
-    need_same_shape(y, g, what)?;
-    need_axis(axis, y.shape.len(), what)?;
-    let (outer, len, inner) = split_at_axis(&y.shape, axis)?;
-    let mut data = vec![0.0; y.data.len()];
-    for o in 0..outer {
-        for i in 0..inner {
-            let at = |j: usize| (o * len + j) * inner + i;
-            if log {
-                let s: f64 = (0..len).map(|j| g.data[at(j)]).sum();
-                for j in 0..len {
-                    data[at(j)] = g.data[at(j)] - y.data[at(j)].exp() * s;
-                }
-            } else {
-                let s: f64 = (0..len).map(|j| g.data[at(j)] * y.data[at(j)]).sum();
-                for j in 0..len {
-                    data[at(j)] = y.data[at(j)] * (g.data[at(j)] - s);
-                }
-            }
-        }
-    }
-    Ok(Array {
-        shape: y.shape.clone(),
-        data,
-    })
-}
-
 /// Checks `logits [N, C]` and `labels [N]` and returns N, C and the labels as indices.
 fn cross_entropy_args(logits: &Array, labels: &Array) -> R<(usize, usize, Vec<usize>)> {
     need_rank(logits, 2, "cross_entropy logits [N, C]")?;
@@ -1157,6 +1128,7 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         }
         Op::Const { value } => Ok(Array::scalar(*value)),
 
+        Op::StopGradient => Ok(x(0).clone()),
         Op::Neg => Ok(unary(x(0), |v| -v)),
         Op::Relu => Ok(unary(x(0), relu)),
         Op::Gelu => Ok(unary(x(0), gelu)),
@@ -1219,8 +1191,6 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         }
 
         Op::MatMul => matmul(x(0), x(1)),
-        Op::Softmax { axis } => softmax(x(0), *axis, false, "softmax"),
-        Op::LogSoftmax { axis } => softmax(x(0), *axis, true, "log_softmax"),
         Op::CrossEntropy => cross_entropy(x(0), x(1)),
         Op::Mse => mse(x(0), x(1)),
         Op::Conv2d { stride, padding } => conv2d(x(0), x(1), *stride, *padding),
@@ -1286,8 +1256,6 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
             }
             Ok(out)
         }
-        Op::SoftmaxGrad { axis } => softmax_grad(x(0), x(1), *axis, false, "softmax_grad"),
-        Op::LogSoftmaxGrad { axis } => softmax_grad(x(0), x(1), *axis, true, "log_softmax_grad"),
         Op::CrossEntropyGrad => cross_entropy_grad(x(0), x(1), x(2)),
         Op::Conv2dGradInput { stride, padding } => {
             conv2d_grad(x(2), x(1), x(0), *stride, *padding, true)

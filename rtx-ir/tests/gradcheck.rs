@@ -265,40 +265,6 @@ fn matmul_batch_times_shared_matrix_gradient_matches_finite_differences() {
     matmul_case(&[2, 3, 4], &[4, 5])
 }
 
-fn softmax_case(log: bool, axis: usize) {
-    check_grads(|c| {
-        let x = c.random(&[2, 3, 4]);
-        c.op(
-            if log {
-                Op::LogSoftmax { axis }
-            } else {
-                Op::Softmax { axis }
-            },
-            &[x],
-        )
-    })
-}
-
-#[test]
-fn softmax_over_last_axis_gradient_matches_finite_differences() {
-    softmax_case(false, 2)
-}
-
-#[test]
-fn softmax_over_middle_axis_gradient_matches_finite_differences() {
-    softmax_case(false, 1)
-}
-
-#[test]
-fn log_softmax_over_last_axis_gradient_matches_finite_differences() {
-    softmax_case(true, 2)
-}
-
-#[test]
-fn log_softmax_over_middle_axis_gradient_matches_finite_differences() {
-    softmax_case(true, 1)
-}
-
 #[test]
 fn cross_entropy_gradient_wrt_logits_matches_finite_differences() {
     check_grads(|c| {

@@ -189,6 +189,87 @@ fn layer_norm_rejects_a_weight_that_only_broadcasts() {
 }
 
 #[test]
+fn detach_passes_values_and_stops_gradients() {
+    let mut c = Case::new(8);
+    let x = c.input(Array::new(vec![3], vec![1.0, -2.0, 3.0]));
+    let out = call(&mut c, "detach", &[x], &[]);
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    assert_eq!(values[out].data, vec![1.0, -2.0, 3.0]);
+    // d/dx sum(x * detach(x)) = detach(x) = x: the detached factor counts as a constant
+    // (finite differences cannot check this: they move both factors).
+    let product = c.op(Op::Mul, &[x, out]);
+    let total = c.op(
+        Op::Sum {
+            axes: vec![0],
+            keepdim: false,
+        },
+        &[product],
+    );
+    let grads = rtx_ir::differentiate(&mut c.graph, total, &[x]).unwrap();
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    let dx = grads[0].grad.expect("x has a gradient");
+    assert_eq!(values[dx].data, vec![1.0, -2.0, 3.0]);
+}
+
+/// Softmax over `axis` of a [2, 3] array, in float64, the textbook way.
+fn softmax_rows(x: &[f64], axis: usize) -> Vec<f64> {
+    let at = |i: usize, j: usize| x[i * 3 + j];
+    let mut out = vec![0.0; 6];
+    for i in 0..2 {
+        for j in 0..3 {
+            let total: f64 = if axis == 1 {
+                (0..3).map(|k| at(i, k).exp()).sum()
+            } else {
+                (0..2).map(|k| at(k, j).exp()).sum()
+            };
+            out[i * 3 + j] = at(i, j).exp() / total;
+        }
+    }
+    out
+}
+
+#[test]
+fn softmax_and_log_softmax_match_the_textbook_formula_on_every_axis() {
+    let data = vec![0.5, -1.0, 2.0, 700.0, 699.0, 1.0];
+    for axis in [0, 1] {
+        for log in [false, true] {
+            let mut c = Case::new(9);
+            let x = c.input(Array::new(vec![2, 3], data.clone()));
+            let out = rtx_ir::library::softmax(&mut c, x, axis, log).unwrap();
+            let values = c.run(&c.graph, &c.inputs, &c.params, false);
+            // The textbook formula overflows at 700: shift each row or column by its max.
+            let shifted: Vec<f64> = (0..6)
+                .map(|n| {
+                    let (i, j) = (n / 3, n % 3);
+                    let max = if axis == 1 {
+                        (0..3).map(|k| data[i * 3 + k]).fold(f64::MIN, f64::max)
+                    } else {
+                        (0..2).map(|k| data[k * 3 + j]).fold(f64::MIN, f64::max)
+                    };
+                    data[n] - max
+                })
+                .collect();
+            let want = softmax_rows(&shifted, axis);
+            for (n, (got, want)) in values[out].data.iter().zip(&want).enumerate() {
+                let want = if log { want.ln() } else { *want };
+                assert!(
+                    (got - want).abs() <= 1e-12 * want.abs().max(1.0),
+                    "axis {axis} log {log} [{n}]: {got} vs {want}"
+                );
+            }
+        }
+    }
+    for (axis, log) in [(0, false), (1, false), (1, true), (2, true)] {
+        check_grads(|c| {
+            let x = c.random(&[2, 3, 4]);
+            let y = rtx_ir::library::softmax(c, x, axis, log).unwrap();
+            let w = c.random(&[2, 3, 4]);
+            c.op(Op::Mul, &[y, w])
+        });
+    }
+}
+
+#[test]
 fn every_library_op_has_a_test_here() {
     // Adding a row to LIBRARY without a test above fails this list.
     let tested = [
@@ -206,6 +287,7 @@ fn every_library_op_has_a_test_here() {
         "matmul",
         "mse",
         // Compositions, tested above.
+        "detach",
         "silu",
         "abs",
         "clamp",

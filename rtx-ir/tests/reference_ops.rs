@@ -275,28 +275,6 @@ fn matmul_broadcasts_a_matrix_over_the_batch() {
 }
 
 #[test]
-fn softmax_of_one_two_three() {
-    let x = arr(&[3], &[1.0, 2.0, 3.0]);
-    let want = [0.09003057317038046, 0.24472847105479767, 0.6652409557748219];
-    assert_close(&ok(Op::Softmax { axis: 0 }, &[&x]), &[3], &want);
-    let logs: Vec<f64> = want.iter().map(|v| v.ln()).collect();
-    assert_close(&ok(Op::LogSoftmax { axis: 0 }, &[&x]), &[3], &logs);
-}
-
-#[test]
-fn softmax_is_stable_for_large_logits_and_normalizes_the_given_axis() {
-    // Columns of [[1000, 0], [1000, 0]] along axis 0: each column is uniform.
-    let x = arr(&[2, 2], &[1000.0, 0.0, 1000.0, 0.0]);
-    assert_close(
-        &ok(Op::Softmax { axis: 0 }, &[&x]),
-        &[2, 2],
-        &[0.5, 0.5, 0.5, 0.5],
-    );
-    let rows = ok(Op::Softmax { axis: 1 }, &[&x]);
-    assert!((rows.data[0] - 1.0).abs() < 1e-12 && rows.data[1] >= 0.0 && rows.data[1] < 1e-300);
-}
-
-#[test]
 fn cross_entropy_of_uniform_logits_is_ln_c() {
     let logits = Array::zeros(vec![3, 5]);
     let labels = arr(&[3], &[0.0, 4.0, 2.0]);
@@ -1000,8 +978,6 @@ fn no_op_panics_on_arbitrary_arguments() {
             keepdim: false,
         },
         Op::MatMul,
-        Op::Softmax { axis: 1 },
-        Op::LogSoftmax { axis: 0 },
         Op::CrossEntropy,
         Op::Mse,
         Op::Conv2d {
@@ -1042,8 +1018,6 @@ fn no_op_panics_on_arbitrary_arguments() {
             axes: vec![0],
             keepdim: true,
         },
-        Op::SoftmaxGrad { axis: 1 },
-        Op::LogSoftmaxGrad { axis: 0 },
         Op::CrossEntropyGrad,
         Op::Conv2dGradInput {
             stride: w2,

@@ -21,7 +21,6 @@ mod random;
 mod reduce;
 mod rows;
 pub mod scalar;
-mod softmax;
 mod strided;
 mod window;
 
@@ -37,5 +36,4 @@ pub use pool::{avg_pool2d, avg_pool2d_grad, max_pool2d, max_pool2d_grad};
 pub use random::dropout_mask;
 pub use reduce::{ReduceOp, max_grad, reduce, sum_to};
 pub use rows::{RowIn, map_rows};
-pub use softmax::{log_softmax, log_softmax_grad, softmax, softmax_grad};
 pub use strided::to_contiguous;

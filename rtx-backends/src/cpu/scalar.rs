@@ -8,6 +8,11 @@ use std::f32::consts::FRAC_1_SQRT_2;
 const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
 
 #[inline(always)]
+pub fn identity(x: f32) -> f32 {
+    x
+}
+
+#[inline(always)]
 pub fn neg(x: f32) -> f32 {
     -x
 }

@@ -14,4 +14,3 @@ mod matmul_bf16;
 mod pool;
 mod random;
 mod reduce;
-mod softmax;

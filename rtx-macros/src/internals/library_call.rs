@@ -86,4 +86,34 @@ impl Lowerer<'_> {
             }
         }
     }
+
+    /// `softmax(x, axis)` or `log_softmax(x, axis)`, whose axis the caller parsed: lowered by
+    /// `rtx_ir::library::softmax`, the one definition of both.
+    pub(super) fn library_softmax(
+        &mut self,
+        x: NodeId,
+        axis: usize,
+        log: bool,
+        whole: &dyn ToTokens,
+    ) -> Option<NodeId> {
+        let callsite = if log {
+            "log_softmax(..)"
+        } else {
+            "softmax(..)"
+        };
+        let whole_tokens = whole.to_token_stream();
+        let mut b = Builder {
+            lw: self,
+            whole: whole_tokens.clone(),
+            culprit: None,
+        };
+        match rtx_ir::library::softmax(&mut b, x, axis, log) {
+            Ok(id) => Some(id),
+            Err(err) => {
+                self.cx
+                    .error_spanned_by(whole_tokens, message(callsite, &err));
+                None
+            }
+        }
+    }
 }

@@ -967,12 +967,7 @@ impl<'a> Lowerer<'a> {
                 }
                 let x = self.lower_expr(sc, a[0])?;
                 let axis = self.axis_arg(a[1], &self.shape(x).clone(), "softmax axis")?;
-                let op = if name == "softmax" {
-                    Op::Softmax { axis }
-                } else {
-                    Op::LogSoftmax { axis }
-                };
-                self.push(op, &[x], &callsite, e, &toks)
+                self.library_softmax(x, axis, name == "log_softmax", e)
             }
             "sum" | "mean" | "max" => {
                 if !nargs(
