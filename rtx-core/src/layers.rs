@@ -38,7 +38,7 @@ impl<const IN: usize, const OUT: usize> Module for Linear<IN, OUT> {
         with_name(prefix, "weight", |name| f(name, &self.weight));
         with_name(prefix, "bias", |name| f(name, &self.bias));
     }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+    fn visit_params_mut<'a>(&'a mut self, prefix: &str, f: &mut dyn FnMut(&str, &'a mut Tensor)) {
         with_name(prefix, "weight", |name| f(name, &mut self.weight));
         with_name(prefix, "bias", |name| f(name, &mut self.bias));
     }
@@ -72,7 +72,7 @@ impl<const C_IN: usize, const C_OUT: usize, const K: usize, const STRIDE: usize,
         with_name(prefix, "weight", |name| f(name, &self.weight));
         with_name(prefix, "bias", |name| f(name, &self.bias));
     }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+    fn visit_params_mut<'a>(&'a mut self, prefix: &str, f: &mut dyn FnMut(&str, &'a mut Tensor)) {
         with_name(prefix, "weight", |name| f(name, &mut self.weight));
         with_name(prefix, "bias", |name| f(name, &mut self.bias));
     }
@@ -93,7 +93,7 @@ impl<const V: usize, const D: usize> Module for Embedding<V, D> {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
         with_name(prefix, "weight", |name| f(name, &self.weight));
     }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+    fn visit_params_mut<'a>(&'a mut self, prefix: &str, f: &mut dyn FnMut(&str, &'a mut Tensor)) {
         with_name(prefix, "weight", |name| f(name, &mut self.weight));
     }
 }
@@ -120,7 +120,7 @@ impl<const D: usize> Module for LayerNorm<D> {
         with_name(prefix, "weight", |name| f(name, &self.weight));
         with_name(prefix, "bias", |name| f(name, &self.bias));
     }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+    fn visit_params_mut<'a>(&'a mut self, prefix: &str, f: &mut dyn FnMut(&str, &'a mut Tensor)) {
         with_name(prefix, "weight", |name| f(name, &mut self.weight));
         with_name(prefix, "bias", |name| f(name, &mut self.bias));
     }
@@ -142,7 +142,7 @@ macro_rules! raw_param {
             fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
                 f(prefix, &self.value);
             }
-            fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+            fn visit_params_mut<'a>(&'a mut self, prefix: &str, f: &mut dyn FnMut(&str, &'a mut Tensor)) {
                 f(prefix, &mut self.value);
             }
         }

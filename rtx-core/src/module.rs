@@ -15,7 +15,7 @@ pub trait Module {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor));
 
     /// Like `visit_params`, with mutable access (optimizers, checkpoint loading).
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor));
+    fn visit_params_mut<'a>(&'a mut self, prefix: &str, f: &mut dyn FnMut(&str, &'a mut Tensor));
 
     /// Seeded init: the same seed gives the same parameters on every machine.
     fn init(seed: u64) -> Self

@@ -1,22 +1,99 @@
 //! Optimizers with PyTorch's update formulas (torch.optim.SGD, Adam, AdamW, default
-//! arguments as there). State is kept per parameter name.
+//! arguments as there).
+//!
+//! A step is one multi-tensor kernel: every parameter with a gradient is gathered with its
+//! state (in the model's parameter order), then one parallel pass runs the update over fixed
+//! pieces of all of them, in place. Each element's update depends on that element alone, so
+//! results never depend on the thread count. State is kept per parameter, in parameter order,
+//! under the parameter's name.
 
 use crate::error::{Result, RtxError};
 use crate::module::{Grads, Module};
 use crate::tensor::{Tensor, fmt_dims};
-use std::collections::HashMap;
+use rayon::iter::Either;
+use rayon::prelude::*;
+use smallvec::SmallVec;
+use std::borrow::Cow;
 
 pub trait Optimizer {
     /// Updates every parameter that has a gradient in `grads`; others are left alone.
     fn step<M: Module>(&mut self, model: &mut M, grads: &Grads) -> Result<()>;
 }
 
-/// Applies `update(name, param, grad)` to each parameter with a gradient.
-fn for_each_param<M: Module>(
+/// One parameter's optimizer state: up to two buffers of its size and a step count.
+#[derive(Clone, Debug)]
+struct ParamState {
+    name: String,
+    first: Vec<f32>,
+    second: Vec<f32>,
+    steps: i32,
+}
+
+/// The state of every parameter, in the order the model visits them.
+#[derive(Clone, Debug, Default)]
+struct States(Vec<ParamState>);
+
+impl States {
+    /// Makes entry `index` the state of `name` (`buffers` of `len` zeros for a new one).
+    fn align(&mut self, index: usize, name: &str, len: usize, buffers: usize) {
+        if self.0.get(index).is_some_and(|s| s.name == name) {
+            return;
+        }
+        match self.0.iter().position(|s| s.name == name) {
+            Some(at) => {
+                let last = self.0.len() - 1;
+                self.0.swap(index.min(last), at);
+            }
+            None => {
+                let fresh = ParamState {
+                    name: name.to_string(),
+                    first: if buffers >= 1 {
+                        vec![0.0; len]
+                    } else {
+                        Vec::new()
+                    },
+                    second: if buffers >= 2 {
+                        vec![0.0; len]
+                    } else {
+                        Vec::new()
+                    },
+                    steps: 0,
+                };
+                let at = index.min(self.0.len());
+                self.0.insert(at, fresh);
+            }
+        }
+    }
+}
+
+/// One parameter's part of a step: its values, its gradient, its state buffers (empty when
+/// the optimizer keeps none) and per-parameter scalars.
+struct Slot<'a> {
+    param: &'a mut [f32],
+    grad: &'a [f32],
+    first: &'a mut [f32],
+    second: &'a mut [f32],
+    scalars: [f32; 2],
+}
+
+/// Elements per piece of the parallel pass; fixed, so the split depends on sizes only.
+const PIECE: usize = 16 * 1024;
+
+/// Gathers every parameter of `model` with a gradient in `grads`, aligns `states` to them
+/// (`buffers` state buffers each), and runs `update(param, grad, first, second, scalars)`
+/// over all of them in one pass; `scalars(state)` gives each parameter's scalars after its
+/// step count was incremented.
+fn multi_tensor_step<M: Module>(
     model: &mut M,
     grads: &Grads,
-    mut update: impl FnMut(&str, &mut [f32], &[f32]),
+    states: &mut States,
+    buffers: usize,
+    scalars: impl Fn(&ParamState) -> [f32; 2],
+    update: impl Fn(&mut [f32], &[f32], &mut [f32], &mut [f32], [f32; 2]) + Sync,
 ) -> Result<()> {
+    // Parameters with a gradient, in visit order, with their gradient's values. A gradient
+    // that is not contiguous is copied (compiled models return contiguous ones).
+    let mut gathered: SmallVec<[(&mut Tensor, Cow<'_, [f32]>); 32]> = SmallVec::new();
     let mut first_err = None;
     model.visit_params_mut("", &mut |name, t| {
         if first_err.is_some() {
@@ -31,33 +108,71 @@ fn for_each_param<M: Module>(
             });
             return;
         }
-        let g = match g.f32_contiguous() {
-            Ok(g) => g,
-            Err(e) => {
-                first_err = Some(e);
-                return;
+        match g.f32_contiguous() {
+            Ok(values) => {
+                states.align(gathered.len(), name, t.numel(), buffers);
+                gathered.push((t, values));
             }
-        };
-        // In place when the model alone holds the parameter's buffer (the usual case after
-        // `loss_and_grads`); otherwise on a copy that replaces it.
-        if let Some(p) = t.f32_in_place() {
-            update(name, p, &g);
-            return;
-        }
-        let mut p = match t.to_vec_f32() {
-            Ok(p) => p,
-            Err(e) => {
-                first_err = Some(e);
-                return;
-            }
-        };
-        update(name, &mut p, &g);
-        match Tensor::from_vec(p, t.shape()) {
-            Ok(n) => *t = n,
             Err(e) => first_err = Some(e),
         }
     });
-    first_err.map_or(Ok(()), Err)
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let mut slots: SmallVec<[Slot<'_>; 32]> = SmallVec::new();
+    for ((t, grad), state) in gathered.iter_mut().zip(states.0.iter_mut()) {
+        // In place when the model alone holds the parameter's buffer (the usual case after
+        // `loss_and_grads`); otherwise the parameter gets a copy of its own first.
+        if t.f32_in_place().is_none() {
+            let copy = Tensor::from_vec(t.to_vec_f32()?, t.shape())?;
+            **t = copy;
+        }
+        state.steps += 1;
+        let scalars = scalars(state);
+        let param = t.f32_in_place().ok_or_else(|| {
+            RtxError::Invalid("a parameter's buffer is shared after copying it".into())
+        })?;
+        slots.push(Slot {
+            param,
+            grad,
+            first: &mut state.first,
+            second: &mut state.second,
+            scalars,
+        });
+    }
+    let total: usize = slots.iter().map(|s| s.param.len()).sum();
+    if total <= 4 * PIECE {
+        for s in &mut slots {
+            update(s.param, s.grad, s.first, s.second, s.scalars);
+        }
+        return Ok(());
+    }
+    slots
+        .par_iter_mut()
+        .flat_map(|s| {
+            let pieces = s.param.len().div_ceil(PIECE);
+            let scalars = s.scalars;
+            s.param
+                .par_chunks_mut(PIECE)
+                .zip(s.grad.par_chunks(PIECE))
+                .zip(state_pieces(s.first, pieces))
+                .zip(state_pieces(s.second, pieces))
+                .map(move |(((p, g), a), b)| (p, g, a, b, scalars))
+        })
+        .for_each(|(p, g, a, b, scalars)| update(p, g, a, b, scalars));
+    Ok(())
+}
+
+/// A state buffer in `PIECE` pieces, or `pieces` empty slices when the optimizer keeps none.
+fn state_pieces(
+    buffer: &mut [f32],
+    pieces: usize,
+) -> impl IndexedParallelIterator<Item = &mut [f32]> {
+    if buffer.is_empty() {
+        Either::Left(rayon::iter::repeat_n((), pieces).map(|_| <&mut [f32]>::default()))
+    } else {
+        Either::Right(buffer.par_chunks_mut(PIECE))
+    }
 }
 
 /// torch.optim.SGD: momentum, dampening, Nesterov, L2 weight decay.
@@ -68,7 +183,7 @@ pub struct Sgd {
     pub dampening: f32,
     pub nesterov: bool,
     pub weight_decay: f32,
-    buffers: HashMap<String, Vec<f32>>,
+    states: States,
 }
 
 impl Sgd {
@@ -79,7 +194,7 @@ impl Sgd {
             dampening: 0.0,
             nesterov: false,
             weight_decay: 0.0,
-            buffers: HashMap::new(),
+            states: States::default(),
         }
     }
     pub fn momentum(mut self, m: f32) -> Sgd {
@@ -109,29 +224,26 @@ impl Optimizer for Sgd {
             self.nesterov,
             self.weight_decay,
         );
-        let buffers = &mut self.buffers;
-        for_each_param(model, grads, |name, p, g| {
-            if momentum == 0.0 {
-                let update = |p: &mut [f32], g: &[f32], _: &mut [f32], _: &mut [f32]| {
+        let buffers = usize::from(momentum != 0.0);
+        // scalars[0] is 1 on a parameter's first step: PyTorch starts the momentum buffer at
+        // the first gradient, undamped.
+        let first_step = |s: &ParamState| [if s.steps == 1 { 1.0 } else { 0.0 }, 0.0];
+        multi_tensor_step(
+            model,
+            grads,
+            &mut self.states,
+            buffers,
+            first_step,
+            |p, g, buf, _, [first, _]| {
+                if momentum == 0.0 {
                     for (p, &g) in p.iter_mut().zip(g) {
                         *p -= lr * (g + wd * *p);
                     }
-                };
-                elementwise_in_chunks(p, g, &mut [], &mut [], update);
-                return;
-            }
-            // PyTorch starts the momentum buffer at the first gradient, undamped.
-            let first = !buffers.contains_key(name);
-            if first {
-                buffers.insert(name.to_string(), vec![0.0; p.len()]);
-            }
-            let Some(buffer) = buffers.get_mut(name) else {
-                return;
-            };
-            let update = |p: &mut [f32], g: &[f32], b: &mut [f32], _: &mut [f32]| {
-                for ((p, &g), b) in p.iter_mut().zip(g).zip(b) {
+                    return;
+                }
+                for ((p, &g), b) in p.iter_mut().zip(g).zip(buf) {
                     let d = g + wd * *p;
-                    *b = if first {
+                    *b = if first == 1.0 {
                         d
                     } else {
                         momentum * *b + (1.0 - dampening) * d
@@ -139,17 +251,9 @@ impl Optimizer for Sgd {
                     let step = if nesterov { d + momentum * *b } else { *b };
                     *p -= lr * step;
                 }
-            };
-            elementwise_in_chunks(p, g, buffer, &mut [], update);
-        })
+            },
+        )
     }
-}
-
-#[derive(Clone, Debug)]
-struct AdamState {
-    m: Vec<f32>,
-    v: Vec<f32>,
-    t: i32,
 }
 
 /// torch.optim.Adam (L2 weight decay added to the gradient) and, with `decoupled`, AdamW.
@@ -160,7 +264,7 @@ pub struct Adam {
     pub eps: f32,
     pub weight_decay: f32,
     decoupled: bool,
-    state: HashMap<String, AdamState>,
+    states: States,
 }
 
 impl Adam {
@@ -172,7 +276,7 @@ impl Adam {
             eps: 1e-8,
             weight_decay: 0.0,
             decoupled: false,
-            state: HashMap::new(),
+            states: States::default(),
         }
     }
     pub fn betas(mut self, b1: f32, b2: f32) -> Adam {
@@ -198,25 +302,15 @@ impl Optimizer for Adam {
             self.weight_decay,
             self.decoupled,
         );
-        let state = &mut self.state;
-        for_each_param(model, grads, |name, p, g| {
-            if !state.contains_key(name) {
-                state.insert(
-                    name.to_string(),
-                    AdamState {
-                        m: vec![0.0; p.len()],
-                        v: vec![0.0; p.len()],
-                        t: 0,
-                    },
-                );
-            }
-            let Some(st) = state.get_mut(name) else {
-                return;
-            };
-            st.t += 1;
-            let bc1 = 1.0 - b1.powi(st.t);
-            let bc2 = 1.0 - b2.powi(st.t);
-            let update = |p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]| {
+        // Bias corrections of each parameter's step count.
+        let corrections = |s: &ParamState| [1.0 - b1.powi(s.steps), 1.0 - b2.powi(s.steps)];
+        multi_tensor_step(
+            model,
+            grads,
+            &mut self.states,
+            2,
+            corrections,
+            |p, g, m, v, [bc1, bc2]| {
                 for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
                     let mut gi = g;
                     if decoupled {
@@ -229,42 +323,8 @@ impl Optimizer for Adam {
                     let denom = (*v / bc2).sqrt() + eps;
                     *p -= lr * (*m / bc1) / denom;
                 }
-            };
-            elementwise_in_chunks(p, g, &mut st.m, &mut st.v, update);
-        })
-    }
-}
-
-/// Elements per piece when an update runs in parallel; fixed, and every element's update
-/// depends on that element alone, so results never depend on the thread count.
-const UPDATE_CHUNK: usize = 16 * 1024;
-
-/// Runs an elementwise update over a parameter, its gradient and up to two state buffers of
-/// the same length (empty when unused): in parallel pieces for large parameters, in one pass
-/// otherwise.
-fn elementwise_in_chunks(
-    p: &mut [f32],
-    g: &[f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    update: impl Fn(&mut [f32], &[f32], &mut [f32], &mut [f32]) + Sync + Send,
-) {
-    use rayon::prelude::*;
-    if p.len() <= 4 * UPDATE_CHUNK {
-        update(p, g, m, v);
-        return;
-    }
-    const C: usize = UPDATE_CHUNK;
-    let pieces = p.par_chunks_mut(C).zip(g.par_chunks(C));
-    match (m.is_empty(), v.is_empty()) {
-        (true, _) => pieces.for_each(|(p, g)| update(p, g, &mut [], &mut [])),
-        (false, true) => pieces
-            .zip(m.par_chunks_mut(C))
-            .for_each(|((p, g), m)| update(p, g, m, &mut [])),
-        (false, false) => pieces
-            .zip(m.par_chunks_mut(C))
-            .zip(v.par_chunks_mut(C))
-            .for_each(|(((p, g), m), v)| update(p, g, m, v)),
+            },
+        )
     }
 }
 

@@ -32,7 +32,7 @@ impl Module for Net {
         self.fc1.visit_params(&join_name(prefix, "fc1"), f);
         self.fc2.visit_params(&join_name(prefix, "fc2"), f);
     }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+    fn visit_params_mut<'a>(&'a mut self, prefix: &str, f: &mut dyn FnMut(&str, &'a mut Tensor)) {
         self.fc1.visit_params_mut(&join_name(prefix, "fc1"), f);
         self.fc2.visit_params_mut(&join_name(prefix, "fc2"), f);
     }

@@ -26,7 +26,7 @@ impl Module for Tiny {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
         f(&join_name(prefix, "w"), &self.w);
     }
-    fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+    fn visit_params_mut<'a>(&'a mut self, prefix: &str, f: &mut dyn FnMut(&str, &'a mut Tensor)) {
         f(&join_name(prefix, "w"), &mut self.w);
     }
 }
@@ -370,4 +370,107 @@ fn a_parameter_shared_with_another_tensor_is_copied_not_changed_under_it() {
         "the other tensor must keep its values"
     );
     assert_ne!(model.w.to_vec_f32().unwrap(), p0);
+}
+
+/// Two parameters large enough for the update to run in parallel pieces (and one small).
+struct Wide {
+    a: Tensor,
+    b: Tensor,
+    c: Tensor,
+}
+
+impl Wide {
+    fn new(seed: u64) -> Wide {
+        let mut rng = Rng::new(seed);
+        Wide {
+            a: Tensor::from_vec(rng.vec(70_000, -1.0, 1.0), &[70_000]).unwrap(),
+            b: Tensor::from_vec(rng.vec(50_001, -1.0, 1.0), &[50_001]).unwrap(),
+            c: Tensor::from_vec(rng.vec(5, -1.0, 1.0), &[5]).unwrap(),
+        }
+    }
+    fn grads(seed: u64) -> Grads {
+        let mut rng = Rng::new(seed);
+        let mut grads = Grads::new();
+        grads.push(
+            "a",
+            Tensor::from_vec(rng.vec(70_000, -1.0, 1.0), &[70_000]).unwrap(),
+        );
+        grads.push(
+            "b",
+            Tensor::from_vec(rng.vec(50_001, -1.0, 1.0), &[50_001]).unwrap(),
+        );
+        grads.push("c", Tensor::from_vec(rng.vec(5, -1.0, 1.0), &[5]).unwrap());
+        grads
+    }
+    fn bits(&self) -> Vec<u32> {
+        [&self.a, &self.b, &self.c]
+            .iter()
+            .flat_map(|t| t.to_vec_f32().unwrap())
+            .map(f32::to_bits)
+            .collect()
+    }
+}
+
+impl Module for Wide {
+    fn init_with(_: &mut rtx_core::Rng) -> Self {
+        Wide::new(0)
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        f(&join_name(prefix, "a"), &self.a);
+        f(&join_name(prefix, "b"), &self.b);
+        f(&join_name(prefix, "c"), &self.c);
+    }
+    fn visit_params_mut<'a>(&'a mut self, prefix: &str, f: &mut dyn FnMut(&str, &'a mut Tensor)) {
+        f(&join_name(prefix, "a"), &mut self.a);
+        f(&join_name(prefix, "b"), &mut self.b);
+        f(&join_name(prefix, "c"), &mut self.c);
+    }
+}
+
+#[test]
+fn multi_tensor_steps_are_bit_identical_on_any_thread_count_and_match_one_at_a_time() {
+    // Three AdamW and three Nesterov SGD steps over all parameters in one pass, on 1 and 3
+    // threads, and the same steps with the model split into one-parameter views.
+    let run_on = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let mut model = Wide::new(7);
+            let mut adamw = AdamW::new(1e-2);
+            let mut sgd = Sgd::new(0.1).momentum(0.9).nesterov(true);
+            for step in 0..3 {
+                adamw.step(&mut model, &Wide::grads(10 + step)).unwrap();
+                sgd.step(&mut model, &Wide::grads(20 + step)).unwrap();
+            }
+            model.bits()
+        })
+    };
+    let one = run_on(1);
+    assert_eq!(one, run_on(3));
+
+    // The small parameter alone, stepped by its own optimizers, ends where it did above.
+    let mut tiny = Tiny {
+        w: Wide::new(7).c.clone(),
+    };
+    let mut adamw = AdamW::new(1e-2);
+    let mut sgd = Sgd::new(0.1).momentum(0.9).nesterov(true);
+    let only_c = |seed: u64| {
+        let mut g = Grads::new();
+        g.push("w", Wide::grads(seed).get("c").unwrap().clone());
+        g
+    };
+    for step in 0..3 {
+        adamw.step(&mut tiny, &only_c(10 + step)).unwrap();
+        sgd.step(&mut tiny, &only_c(20 + step)).unwrap();
+    }
+    let c_bits: Vec<u32> = tiny
+        .w
+        .to_vec_f32()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect();
+    assert_eq!(&one[120_001..], &c_bits[..]);
 }

@@ -56,7 +56,7 @@ pub fn expand(item: syn::ItemStruct) -> syn::Result<TokenStream> {
             fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &::rtx_core::Tensor)) {
                 #( ::rtx_core::with_name(prefix, #names, |name| ::rtx_core::Module::visit_params(&self.#fields, name, f)); )*
             }
-            fn visit_params_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut ::rtx_core::Tensor)) {
+            fn visit_params_mut<'__a>(&'__a mut self, prefix: &str, f: &mut dyn FnMut(&str, &'__a mut ::rtx_core::Tensor)) {
                 #( ::rtx_core::with_name(prefix, #names, |name| ::rtx_core::Module::visit_params_mut(&mut self.#fields, name, f)); )*
             }
         }
