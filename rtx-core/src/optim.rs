@@ -66,6 +66,9 @@ impl States {
     }
 }
 
+/// Parameters with a gradient, in visit order, each with its gradient's values.
+type Gathered<'m, 'g> = SmallVec<[(&'m mut Tensor, Cow<'g, [f32]>); 32]>;
+
 /// One parameter's part of a step: its values, its gradient, its state buffers (empty when
 /// the optimizer keeps none) and per-parameter scalars.
 struct Slot<'a> {
@@ -93,7 +96,7 @@ fn multi_tensor_step<M: Module>(
 ) -> Result<()> {
     // Parameters with a gradient, in visit order, with their gradient's values. A gradient
     // that is not contiguous is copied (compiled models return contiguous ones).
-    let mut gathered: SmallVec<[(&mut Tensor, Cow<'_, [f32]>); 32]> = SmallVec::new();
+    let mut gathered: Gathered<'_, '_> = SmallVec::new();
     let mut first_err = None;
     model.visit_params_mut("", &mut |name, t| {
         if first_err.is_some() {
