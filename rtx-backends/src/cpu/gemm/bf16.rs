@@ -10,7 +10,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use super::{NC, OutPtr, PARALLEL_WORK, batch_layout};
+use super::{Blocking, OutPtr, PARALLEL_WORK, batch_layout, blocking};
 use crate::cpu::strided::{numel, position};
 use crate::layout::{Dims, Layout};
 
@@ -81,8 +81,6 @@ const MR: usize = 14;
 const NR: usize = 32;
 /// K pairs per slice (512 values of K).
 const KCP: usize = 256;
-/// Most A micro-panels per task.
-const MAX_ROW_PANELS: usize = 24;
 
 #[cfg(target_arch = "x86_64")]
 fn packed_pairs(a: &[bf16], la: &Layout, b: &[bf16], lb: &Layout) -> (Vec<f32>, Dims) {
@@ -145,15 +143,12 @@ fn packed_pairs(a: &[bf16], la: &Layout, b: &[bf16], lb: &Layout) -> (Vec<f32>, 
         packed_b.chunks_mut(panel_len).enumerate().for_each(pack_b);
     }
 
-    let col_blocks = n.div_ceil(NC);
-    let wanted = if parallel {
-        4 * rayon::current_num_threads()
-    } else {
-        1
-    };
-    let row_blocks_wanted = wanted.div_ceil(batches * col_blocks).max(1);
-    let mc = (m.div_ceil(row_blocks_wanted).div_ceil(MR) * MR).clamp(MR, MAX_ROW_PANELS * MR);
-    let row_blocks = m.div_ceil(mc);
+    let Blocking {
+        mc,
+        row_blocks,
+        nc,
+        col_blocks,
+    } = blocking(m, n, batches, MR, NR, parallel);
     let tasks = batches * row_blocks * col_blocks;
     let c = OutPtr(out.as_mut_ptr());
     let packed_b = &packed_b;
@@ -161,8 +156,8 @@ fn packed_pairs(a: &[bf16], la: &Layout, b: &[bf16], lb: &Layout) -> (Vec<f32>, 
         let batch = task / (row_blocks * col_blocks);
         let row0 = (task / col_blocks) % row_blocks * mc;
         let rows = mc.min(m - row0);
-        let col0 = task % col_blocks * NC;
-        let cols = NC.min(n - col0);
+        let col0 = task % col_blocks * nc;
+        let cols = nc.min(n - col0);
         let b_batch = &packed_b[if b_shared { 0 } else { batch * b_len }..][..b_len];
         let row_panels = rows.div_ceil(MR);
         let base = a_base(batch);

@@ -31,8 +31,6 @@ use kernels::MicroKernel;
 const DIRECT_ROWS: usize = 4;
 /// K slice per pass: a B micro-panel (`KC x NR`) stays in L1, an A block in L2.
 const KC: usize = 256;
-/// Columns of C per task; a multiple of every kernel's tile width.
-const NC: usize = 256;
 /// Most micro-panels of A per task (rows of C per task = this times MR), so the packed A
 /// block (`MC x KC`) stays within L2.
 const MAX_ROW_PANELS: usize = 24;
@@ -40,6 +38,8 @@ const MAX_ROW_PANELS: usize = 24;
 const PARALLEL_WORK: usize = 1 << 17;
 /// The largest tile of any kernel, for the edge tiles computed into a local buffer.
 const MAX_TILE: usize = 14 * 32;
+/// Values of slack in a scratch buffer for aligning its start to 64 bytes.
+const ALIGN: usize = 16;
 /// Scratch buffers larger than this are freed after use instead of kept.
 const KEEP_SCRATCH: usize = 64 << 20;
 
@@ -65,11 +65,14 @@ fn with_scratch<R>(
     min_len: usize,
     f: impl FnOnce(&mut [f32]) -> R,
 ) -> R {
+    // 16 spare values, so the slice handed out can start on a 64-byte boundary: then every
+    // 16-value row of a packed panel is one cache line, and no vector load splits two.
     let mut buffer = cell.with(Cell::take);
-    if buffer.len() < len {
-        buffer.resize(len.max(min_len), 0.0);
+    if buffer.len() < len + ALIGN {
+        buffer.resize(len.max(min_len) + ALIGN, 0.0);
     }
-    let result = f(&mut buffer[..len]);
+    let skip = buffer.as_ptr().align_offset(64).min(ALIGN);
+    let result = f(&mut buffer[skip..skip + len]);
     if buffer.len() <= KEEP_SCRATCH {
         cell.with(|c| c.set(buffer));
     }
@@ -233,17 +236,12 @@ pub fn matmul_with(
     let panels = n.div_ceil(nr);
     let b_len = panels * k * nr;
 
-    // Enough row blocks for every thread to get work, each at most MAX_ROW_PANELS panels tall.
-    // Blocking never changes a result (K is never split), so it may follow the thread count.
-    let col_blocks = n.div_ceil(NC);
-    let wanted_tasks = if parallel {
-        4 * rayon::current_num_threads()
-    } else {
-        1
-    };
-    let row_blocks_wanted = wanted_tasks.div_ceil(batches * col_blocks).max(1);
-    let mc = (m.div_ceil(row_blocks_wanted).div_ceil(mr) * mr).clamp(mr, MAX_ROW_PANELS * mr);
-    let row_blocks = m.div_ceil(mc);
+    let Blocking {
+        mc,
+        row_blocks,
+        nc,
+        col_blocks,
+    } = blocking(m, n, batches, mr, nr, parallel);
     let tasks = batches * row_blocks * col_blocks;
 
     let c = OutPtr(out.as_mut_ptr());
@@ -261,7 +259,7 @@ pub fn matmul_with(
         let run = |task: usize| {
             let batch = task / (row_blocks * col_blocks);
             let row0 = (task / col_blocks) % row_blocks * mc;
-            let col0 = task % col_blocks * NC;
+            let col0 = task % col_blocks * nc;
             let block = Block {
                 a: a_view(batch),
                 packed_b: &packed_b[if b_shared { 0 } else { batch * b_len }..][..b_len],
@@ -271,7 +269,7 @@ pub fn matmul_with(
                 n,
                 k,
                 rows: (row0, mc.min(m - row0)),
-                cols: (col0, NC.min(n - col0)),
+                cols: (col0, nc.min(n - col0)),
                 mr,
                 nr,
                 micro,
@@ -286,6 +284,45 @@ pub fn matmul_with(
         }
     });
     (out, out_shape)
+}
+
+/// How a product is split into tasks: rows of C per task (`mc`, a multiple of `mr`, at most
+/// `MAX_ROW_PANELS` panels) and columns per task (`nc`, a multiple of `nr`).
+pub(crate) struct Blocking {
+    pub mc: usize,
+    pub row_blocks: usize,
+    pub nc: usize,
+    pub col_blocks: usize,
+}
+
+/// Splits rows first, into enough blocks for every thread to get several tasks: each task
+/// packs its own A block, so splitting columns as well would pack A again per column block.
+/// Columns are split only when the rows cannot give every thread work. Blocking never
+/// changes a result (K is never split), so it may follow the thread count.
+pub(crate) fn blocking(
+    m: usize,
+    n: usize,
+    batches: usize,
+    mr: usize,
+    nr: usize,
+    parallel: bool,
+) -> Blocking {
+    let wanted = if parallel {
+        4 * rayon::current_num_threads()
+    } else {
+        1
+    };
+    let row_blocks_wanted = wanted.div_ceil(batches).max(1);
+    let mc = (m.div_ceil(row_blocks_wanted).div_ceil(mr) * mr).clamp(mr, MAX_ROW_PANELS * mr);
+    let row_blocks = m.div_ceil(mc);
+    let col_blocks_wanted = wanted.div_ceil(batches * row_blocks).max(1);
+    let nc = (n.div_ceil(col_blocks_wanted).div_ceil(nr) * nr).max(nr);
+    Blocking {
+        mc,
+        row_blocks,
+        nc,
+        col_blocks: n.div_ceil(nc),
+    }
 }
 
 /// `l`'s batch axes (all but the last two) broadcast to `batch_shape`.
