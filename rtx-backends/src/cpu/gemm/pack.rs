@@ -61,7 +61,23 @@ pub(super) fn pack_a(
         if height < mr {
             panel_dst.fill(0.0);
         }
-        if a.col_stride == 1 {
+        if a.col_stride == 1 && mr <= 16 {
+            // Rows of A are contiguous: read the panel's rows side by side and write each k's
+            // `mr` values contiguously (every kernel's `mr` is at most 16).
+            let rows: [&[f32]; 16] = std::array::from_fn(|r| {
+                if r < height {
+                    let start = a.offset + (first + r) * a.row_stride + k0;
+                    &a.data[start..start + kc]
+                } else {
+                    &[]
+                }
+            });
+            for (kk, dst) in panel_dst.chunks_exact_mut(mr).enumerate() {
+                for (d, row) in dst[..height].iter_mut().zip(&rows) {
+                    *d = row[kk];
+                }
+            }
+        } else if a.col_stride == 1 {
             for r in 0..height {
                 let start = a.offset + (first + r) * a.row_stride + k0;
                 for (kk, &v) in a.data[start..start + kc].iter().enumerate() {
