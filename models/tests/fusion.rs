@@ -120,24 +120,27 @@ fn every_pointwise_op_fused_and_unfused_agree() {
 }
 
 #[test]
-fn pointwise_chain_is_one_fused_kernel() {
-    // Everything after the matmul of `forward` is pointwise on one shape: bias add included,
-    // it is a single pass.
+fn pointwise_chain_after_a_matmul_is_its_epilogue() {
+    // Everything after the matmul of `forward` is pointwise on one shape, bias add included:
+    // it runs on the product's tiles, with no pass of its own.
     let ir = Pointwise::graph().unwrap();
     let f = ir.function("forward").unwrap();
 
     let steps = plan(&f.graph, f.forward_len, &[f.output]);
 
-    let fused: Vec<&Step> = steps
+    assert!(
+        !steps.iter().any(|s| matches!(s, Step::Fused { .. })),
+        "{steps:?}"
+    );
+    let epilogue = steps
         .iter()
-        .filter(|s| matches!(s, Step::Fused { .. }))
-        .collect();
-    assert_eq!(fused.len(), 1, "{steps:?}");
-    assert!(matches!(fused[0], Step::Fused { body, .. } if body.len() >= 20));
+        .find(|s| matches!(s, Step::MatMulEpilogue { .. }))
+        .expect("a matmul epilogue");
+    assert!(matches!(epilogue, Step::MatMulEpilogue { body, .. } if body.len() >= 20));
 }
 
 #[test]
-fn mlp_step_fuses_bias_relu_and_the_relu_gradient() {
+fn mlp_step_runs_bias_relu_and_the_relu_gradient_as_matmul_epilogues() {
     let ir = Mlp::graph().unwrap();
     let f = ir.function("loss").unwrap();
     let mut roots = vec![f.output];
@@ -145,15 +148,20 @@ fn mlp_step_fuses_bias_relu_and_the_relu_gradient() {
 
     let steps = plan(&f.graph, f.graph.len(), &roots);
 
-    let groups: Vec<Vec<Pw>> = steps
+    let epilogues: Vec<Vec<Pw>> = steps
         .iter()
         .filter_map(|s| match s {
-            Step::Fused { body, .. } => Some(body.iter().map(|i| i.op).collect()),
-            Step::Kernel(_) | Step::Rows { .. } => None,
+            Step::MatMulEpilogue { body, .. } => Some(body.iter().map(|i| i.op).collect()),
+            _ => None,
         })
         .collect();
-    assert!(groups.contains(&vec![Pw::Add, Pw::Relu]), "{steps:?}");
-    assert!(groups.contains(&vec![Pw::Mul, Pw::ReluGrad]), "{steps:?}");
+    // Forward: x @ W1^T + b1, relu. Backward: the upstream gradient through the dropout mask
+    // and relu's derivative, right on the tile of dY @ W2.
+    assert!(epilogues.contains(&vec![Pw::Add, Pw::Relu]), "{steps:?}");
+    assert!(
+        epilogues.contains(&vec![Pw::Mul, Pw::ReluGrad]),
+        "{steps:?}"
+    );
 }
 
 #[test]

@@ -77,3 +77,38 @@ where
         Tensor::from_kernel(data, shape)
     }))
 }
+
+/// Runs `a @ b` with a generated pointwise epilogue (a `Step::MatMulEpilogue`): `body`'s first
+/// argument is the product's element, the others are `extras` broadcast to `shape` (the
+/// product's shape) at the same position; its `M` results are the `M` outputs. `N` must be
+/// `E + 1` (the macro emits it so).
+#[doc(hidden)]
+pub fn matmul_fused<const N: usize, const E: usize, const M: usize, F>(
+    a: &Tensor,
+    b: &Tensor,
+    extras: [&Tensor; E],
+    shape: &[usize],
+    body: F,
+) -> Result<[Tensor; M]>
+where
+    F: Fn([f32; N]) -> [f32; M] + Sync,
+{
+    if N != E + 1 {
+        return Err(crate::error::RtxError::Invalid(format!(
+            "a matmul epilogue reads the product and {E} more values, not {} more",
+            N.saturating_sub(1)
+        )));
+    }
+    let (da, la) = a.f32_parts("matmul epilogue")?;
+    let (db, lb) = b.f32_parts("matmul epilogue")?;
+    let mut data: [&[f32]; E] = [&[]; E];
+    for (slot, t) in data.iter_mut().zip(extras) {
+        *slot = t.f32_parts("matmul epilogue")?.0;
+    }
+    let layouts: [rtx_backends::Layout; E] =
+        std::array::from_fn(|k| extras[k].layout().broadcast_to(shape));
+    let args: [(&[f32], &rtx_backends::Layout); E] =
+        std::array::from_fn(|k| (data[k], &layouts[k]));
+    let (outs, _) = cpu::matmul_fused(da, la, db, lb, &args, body);
+    Ok(outs.map(|data| Tensor::from_kernel(data, shape)))
+}

@@ -169,6 +169,16 @@ pub enum Step {
         body: Vec<Instr>,
         outputs: Vec<NodeId>,
     },
+    /// A matmul whose only reader is a pointwise group of its shape: the group's body runs on
+    /// each tile of the product while it is in cache (`inputs[0]` is the matmul, read from the
+    /// accumulator; the other inputs are read at the same position).
+    MatMulEpilogue {
+        matmul: NodeId,
+        shape_of: NodeId,
+        inputs: Vec<NodeId>,
+        body: Vec<Instr>,
+        outputs: Vec<NodeId>,
+    },
     /// A row group (see the module docs): `shape_of` has the wide shape; each output is wide
     /// or a row scalar (its shape tells which).
     Rows {
@@ -341,7 +351,81 @@ pub fn plan(graph: &Graph, upto: usize, roots: &[NodeId]) -> Vec<Step> {
             Some(_) => {}
         }
     }
-    steps
+    fuse_epilogues(graph, steps, roots)
+}
+
+/// Turns each pointwise group that is the only reader of a matmul of its shape into that
+/// matmul's epilogue (`Step::MatMulEpilogue`), removing the matmul's own step.
+fn fuse_epilogues(graph: &Graph, steps: Vec<Step>, roots: &[NodeId]) -> Vec<Step> {
+    let mut readers = vec![0usize; graph.len()];
+    for step in &steps {
+        let read: &[NodeId] = match step {
+            Step::Kernel(id) => &graph.node(*id).args,
+            Step::Fused { inputs, .. }
+            | Step::Rows { inputs, .. }
+            | Step::MatMulEpilogue { inputs, .. } => inputs,
+        };
+        for &a in read {
+            readers[a] += 1;
+        }
+    }
+    for &r in roots {
+        readers[r] += 1;
+    }
+    let absorbable = |id: NodeId, shape_of: NodeId| {
+        let node = graph.node(id);
+        matches!(node.op, Op::MatMul)
+            && node.dtype == DType::F32
+            && readers[id] == 1
+            && node.shape == graph.node(shape_of).shape
+    };
+    let mut absorbed = Vec::new();
+    let mut out: Vec<Step> = steps
+        .into_iter()
+        .map(|step| match step {
+            Step::Fused {
+                shape_of,
+                mut inputs,
+                mut body,
+                outputs,
+            } => match inputs.iter().position(|&i| absorbable(i, shape_of)) {
+                Some(k) => {
+                    // The matmul becomes input 0 (the accumulator); renumber the others.
+                    let matmul = inputs.remove(k);
+                    inputs.insert(0, matmul);
+                    let renumber = |i: usize| match i.cmp(&k) {
+                        std::cmp::Ordering::Equal => 0,
+                        std::cmp::Ordering::Less => i + 1,
+                        std::cmp::Ordering::Greater => i,
+                    };
+                    for instr in &mut body {
+                        for arg in &mut instr.args {
+                            if let Operand::Input(i) = arg {
+                                *i = renumber(*i);
+                            }
+                        }
+                    }
+                    absorbed.push(matmul);
+                    Step::MatMulEpilogue {
+                        matmul,
+                        shape_of,
+                        inputs,
+                        body,
+                        outputs,
+                    }
+                }
+                None => Step::Fused {
+                    shape_of,
+                    inputs,
+                    body,
+                    outputs,
+                },
+            },
+            other => other,
+        })
+        .collect();
+    out.retain(|s| !matches!(s, Step::Kernel(id) if absorbed.contains(id)));
+    out
 }
 
 fn fused_step(
@@ -548,9 +632,27 @@ mod tests {
 
         let steps = plan(&g, g.len(), &[y]);
 
-        assert_eq!(steps.len(), 3, "{steps:?}");
-        assert_eq!(steps[1], Step::Kernel(m));
-        assert!(matches!(&steps[2], Step::Fused { inputs, .. } if inputs == &[t, m]));
+        // y's group is the matmul's only reader, so it runs as the matmul's epilogue.
+        assert_eq!(steps.len(), 2, "{steps:?}");
+        assert!(matches!(&steps[0], Step::Fused { outputs, .. } if outputs == &[t]));
+        assert!(matches!(
+            &steps[1],
+            Step::MatMulEpilogue { matmul, inputs, .. } if *matmul == m && inputs == &[m, t]
+        ));
+    }
+
+    #[test]
+    fn a_matmul_read_elsewhere_keeps_its_own_kernel() {
+        // m = x @ x feeds both a pointwise group and the result: it must be materialized.
+        let (mut g, mut u) = (Graph::default(), Unifier::default());
+        let x = input(&mut g, &mut u, 0, &[2, 2]);
+        let m = g.push(Op::MatMul, &[x, x], &mut u).unwrap();
+        let r = g.push(Op::Relu, &[m], &mut u).unwrap();
+
+        let steps = plan(&g, g.len(), &[r, m]);
+
+        assert_eq!(steps[0], Step::Kernel(m));
+        assert!(matches!(&steps[1], Step::Fused { .. }));
     }
 
     #[test]

@@ -194,6 +194,41 @@ fn fused(
     }
 }
 
+/// A matmul with its pointwise epilogue: one closure over the product's element and the
+/// group's other inputs, run on each tile of the product.
+fn matmul_epilogue(
+    ir: &GraphFn,
+    matmul: NodeId,
+    inputs: &[NodeId],
+    body: &[Instr],
+    outputs: &[NodeId],
+) -> TokenStream {
+    let n = inputs.len();
+    let args = &ir.graph.node(matmul).args;
+    let (a, b) = (node_ref(args[0]), node_ref(args[1]));
+    let extras = inputs[1..].iter().map(|&i| node_ref(i));
+    let params = (0..n).map(|i| format_ident!("__i{}", i));
+    let instrs = body.iter().map(instr);
+    let results = outputs.iter().map(|&o| format_ident!("__t{}", o));
+    let values: Vec<syn::Ident> = outputs.iter().map(|&o| value(o)).collect();
+    let refs = outputs.iter().map(|&o| node_ref(o));
+    let shape = shape_expr(ir, matmul);
+    quote! {
+        let [#(#values),*] = ::rtx_core::fused::matmul_fused(
+            #a,
+            #b,
+            [#(#extras),*],
+            #shape,
+            #[inline(always)]
+            |[#(#params),*]: [f32; #n]| {
+                #(#instrs)*
+                [#(#results),*]
+            },
+        )?;
+        #(let #refs = &#values;)*
+    }
+}
+
 /// An operand inside a row body: inputs are read at column `__j` in a pass over the row
 /// (`wide`), or at column 0 for a row scalar (their column stride is 0 there).
 fn row_operand(o: &Operand, wide: bool) -> TokenStream {
@@ -356,6 +391,11 @@ pub fn schedule(
             Step::Fused { inputs, .. } | Step::Rows { inputs, .. } => {
                 inputs.iter().for_each(|&a| tensor_needed[a] = true)
             }
+            Step::MatMulEpilogue { matmul, inputs, .. } => {
+                for &a in ir.graph.node(*matmul).args.iter().chain(&inputs[1..]) {
+                    tensor_needed[a] = true;
+                }
+            }
         }
     }
     for &r in roots {
@@ -387,6 +427,13 @@ pub fn schedule(
                 body,
                 outputs,
             } => rows(ir, *shape_of, inputs, body, outputs),
+            Step::MatMulEpilogue {
+                matmul,
+                inputs,
+                body,
+                outputs,
+                ..
+            } => matmul_epilogue(ir, *matmul, inputs, body, outputs),
         });
         for &v in dead {
             let v = value(v);

@@ -29,7 +29,7 @@ pub use conv::{conv2d, conv2d_grad_input, conv2d_grad_weight};
 pub use elementwise::{BinaryOp, UnaryOp, binary, broadcast_shape, unary};
 pub use fused::map_fused;
 pub use gemm::bf16::{Bf16Kernel, bf16_kernels, matmul_bf16, matmul_bf16_with};
-pub use gemm::{GemmKernel, gemm_kernel, gemm_kernels, matmul, matmul_with};
+pub use gemm::{GemmKernel, gemm_kernel, gemm_kernels, matmul, matmul_fused, matmul_with};
 pub use index::{concat, gather_rows, pad_narrow, scatter_add_rows};
 pub use loss::{LabelOutOfRange, cross_entropy, cross_entropy_grad};
 pub use pool::{avg_pool2d, avg_pool2d_grad, max_pool2d, max_pool2d_grad};

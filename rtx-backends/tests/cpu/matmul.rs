@@ -297,3 +297,43 @@ fn every_kernel_gives_bit_identical_results_on_any_thread_count() {
         assert_eq!(one, on(3), "{kernel:?}: 1 vs 3 threads");
     }
 }
+
+#[test]
+fn a_fused_epilogue_matches_matmul_followed_by_the_same_pointwise_code() {
+    // relu(a @ b + bias) and the pre-activation as a second output, with the bias broadcast
+    // along rows; packed (m = 37), direct (m = 3) and batched products.
+    use rtx_backends::cpu::matmul_fused;
+    let mut rng = Rng::new(28);
+    for (sa, sb) in [
+        (vec![37, 19], vec![19, 45]),
+        (vec![3, 300], vec![300, 33]),
+        (vec![2, 29, 17], vec![17, 40]),
+    ] {
+        let (a, la) = random_contiguous(&mut rng, &sa);
+        let (b, lb) = random_contiguous(&mut rng, &sb);
+        let n = sb[sb.len() - 1];
+        let (bias, _) = random_contiguous(&mut rng, &[n]);
+        let (plain, shape) = matmul(&a, &la, &b, &lb);
+        let bias_layout = Layout::contiguous(&[n]).broadcast_to(&shape);
+
+        let ([activated, pre], fused_shape) = matmul_fused(
+            &a,
+            &la,
+            &b,
+            &lb,
+            &[(&bias[..], &bias_layout)],
+            |[acc, bias]: [f32; 2]| [(acc + bias).max(0.0), acc + bias],
+        );
+
+        assert_eq!(fused_shape, shape);
+        for (i, &p) in plain.iter().enumerate() {
+            let want = p + bias[i % n];
+            assert_eq!(pre[i].to_bits(), want.to_bits(), "{sa:?} pre [{i}]");
+            assert_eq!(
+                activated[i].to_bits(),
+                want.max(0.0).to_bits(),
+                "{sa:?} [{i}]"
+            );
+        }
+    }
+}

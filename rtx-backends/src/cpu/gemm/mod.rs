@@ -189,6 +189,22 @@ pub fn matmul_with(
     b: &[f32],
     lb: &Layout,
 ) -> (Vec<f32>, Dims) {
+    gemm(kernel, a, la, b, lb, None)
+}
+
+/// Code run on each finished row segment of a task's block of C while it is in cache:
+/// `(batch, row, first column, values)`; it may rewrite the values.
+type Epilogue<'e> = &'e (dyn Fn(usize, usize, usize, &mut [f32]) + Sync);
+
+/// The GEMM driver; `epilogue` runs on every row of every finished block.
+fn gemm(
+    kernel: GemmKernel,
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+    epilogue: Option<Epilogue<'_>>,
+) -> (Vec<f32>, Dims) {
     let kernel = if supported(kernel) {
         kernel
     } else {
@@ -201,12 +217,22 @@ pub fn matmul_with(
         .expect("caller guarantees broadcastable batch dims");
     let mut out_shape = batch_shape.clone();
     out_shape.extend([m, n]);
+    let batches = numel(&batch_shape);
+    // The epilogue over whole rows, where C was not computed tile by tile.
+    let finish_rows = |out: &mut [f32]| {
+        if let (Some(epilogue), true) = (epilogue, n > 0) {
+            for (index, row) in out.chunks_mut(n).enumerate() {
+                epilogue(index / m, index % m, 0, row);
+            }
+        }
+    };
     if numel(&out_shape) == 0 || k == 0 {
-        return (crate::pool::take_zeroed(numel(&out_shape)), out_shape);
+        let mut out = crate::pool::take_zeroed(numel(&out_shape));
+        finish_rows(&mut out);
+        return (out, out_shape);
     }
     // Every element is written: by the first K slice of its tile, or by the direct path.
     let mut out = crate::pool::take(numel(&out_shape));
-    let batches = numel(&batch_shape);
     let a_batches = batch_layout(la, &batch_shape);
     let b_batches = batch_layout(lb, &batch_shape);
     let a_view = |batch| MatrixView {
@@ -225,6 +251,7 @@ pub fn matmul_with(
         for (batch, c) in out.chunks_mut(m * n).enumerate() {
             direct::multiply_direct(a_view(batch), b_view(batch), m, k, c);
         }
+        finish_rows(&mut out);
         return (out, out_shape);
     }
 
@@ -261,6 +288,8 @@ pub fn matmul_with(
             let row0 = (task / col_blocks) % row_blocks * mc;
             let col0 = task % col_blocks * nc;
             let block = Block {
+                batch,
+                epilogue,
                 a: a_view(batch),
                 packed_b: &packed_b[if b_shared { 0 } else { batch * b_len }..][..b_len],
                 // SAFETY: `batch * m * n` is inside `out`, which holds `batches * m * n`.
@@ -285,6 +314,89 @@ pub fn matmul_with(
     });
     (out, out_shape)
 }
+
+/// `matmul` followed by a pointwise epilogue applied to each block of C while it is in cache:
+/// output element `e` of the product, with `extras[i]` read at the same position (layouts
+/// already broadcast to the product's shape), goes through `body([e, extras..])`, whose `M`
+/// results are the `M` outputs. `N` is `extras.len() + 1` (the caller guarantees it). The
+/// compiler's fusion planner emits these for `relu(x @ w + b)` and its backward.
+pub fn matmul_fused<const N: usize, const M: usize, F>(
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+    extras: &[(&[f32], &Layout)],
+    body: F,
+) -> ([Vec<f32>; M], Dims)
+where
+    F: Fn([f32; N]) -> [f32; M] + Sync,
+{
+    let (rank_a, rank_b) = (la.rank(), lb.rank());
+    let (m, n) = (la.shape[rank_a - 2], lb.shape[rank_b - 1]);
+    let batch_rank = (rank_a - 2).max(rank_b - 2);
+    let batch_shape =
+        broadcast_shape(&la.shape[..rank_a - 2], &lb.shape[..rank_b - 2]).unwrap_or_default();
+    let total = numel(&batch_shape) * m * n;
+    let mut outs: [Vec<f32>; M] = std::array::from_fn(|o| {
+        if o == 0 {
+            Vec::new()
+        } else {
+            crate::pool::take(total)
+        }
+    });
+    let out_ptrs: [OutPtr; M] = std::array::from_fn(|o| OutPtr(outs[o].as_mut_ptr()));
+    let epilogue = |batch: usize, row: usize, col0: usize, values: &mut [f32]| {
+        let mut bases = [0usize; N];
+        let mut col_strides = [0usize; N];
+        for (i, (_, l)) in extras.iter().enumerate().take(N.saturating_sub(1)) {
+            bases[i + 1] = l.offset
+                + position(batch, &batch_shape, &l.strides[..batch_rank])
+                + row * l.strides[batch_rank]
+                + col0 * l.strides[batch_rank + 1];
+            col_strides[i + 1] = l.strides[batch_rank + 1];
+        }
+        // Pieces of at most SEGMENT values: the arguments are gathered into fixed-size arrays
+        // first, so the body runs as a loop the compiler vectorizes (lanes past the piece's
+        // end compute on zeros and are dropped).
+        for (piece, chunk) in values.chunks_mut(SEGMENT).enumerate() {
+            let (start, width) = (piece * SEGMENT, chunk.len());
+            let mut args = [[0.0f32; SEGMENT]; N];
+            args[0][..width].copy_from_slice(chunk);
+            for i in 1..N {
+                let (data, _) = extras[i - 1];
+                let (base, stride) = (bases[i] + start * col_strides[i], col_strides[i]);
+                if stride == 1 {
+                    args[i][..width].copy_from_slice(&data[base..base + width]);
+                } else {
+                    for (j, arg) in args[i][..width].iter_mut().enumerate() {
+                        *arg = data[base + j * stride];
+                    }
+                }
+            }
+            let mut results = [[0.0f32; SEGMENT]; M];
+            for j in 0..SEGMENT {
+                let r = body(std::array::from_fn(|i| args[i][j]));
+                for (o, result) in results.iter_mut().enumerate() {
+                    result[j] = r[o];
+                }
+            }
+            chunk.copy_from_slice(&results[0][..width]);
+            let flat = (batch * m + row) * n + col0 + start;
+            for (o, ptr) in out_ptrs.iter().enumerate().skip(1) {
+                // SAFETY: each element of C is visited once, by the task that owns it, and
+                // output `o` holds as many elements as C.
+                let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(flat), width) };
+                dst.copy_from_slice(&results[o][..width]);
+            }
+        }
+    };
+    let (c, shape) = gemm(gemm_kernel(), a, la, b, lb, Some(&epilogue));
+    outs[0] = c;
+    (outs, shape)
+}
+
+/// Values per piece of a matmul epilogue (the widest tile).
+const SEGMENT: usize = 32;
 
 /// How a product is split into tasks: rows of C per task (`mc`, a multiple of `mr`, at most
 /// `MAX_ROW_PANELS` panels) and columns per task (`nc`, a multiple of `nr`).
@@ -339,6 +451,8 @@ pub(crate) fn batch_layout(l: &Layout, batch_shape: &[usize]) -> Layout {
 /// One task: rows `rows.0..rows.0 + rows.1` and columns `cols.0..cols.0 + cols.1` of one
 /// batch's C [m, n] (row-major at `c`).
 struct Block<'a> {
+    batch: usize,
+    epilogue: Option<Epilogue<'a>>,
     a: MatrixView<'a>,
     packed_b: &'a [f32],
     c: *mut f32,
@@ -360,67 +474,84 @@ impl Block<'_> {
         let (row0, rows) = self.rows;
         let (col0, cols) = self.cols;
         let row_panels = rows.div_ceil(mr);
-        with_scratch(
-            &PACKED_A,
-            row_panels * KC.min(k) * mr,
-            MAX_PACKED_A,
-            |packed_a| {
-                for k0 in (0..k).step_by(KC) {
-                    let kc = KC.min(k - k0);
-                    let packed_a = &mut packed_a[..row_panels * kc * mr];
-                    pack::pack_a(self.a, row0, rows, k0, kc, mr, packed_a);
-                    for col_panel in col0 / nr..(col0 + cols).div_ceil(nr) {
-                        let j0 = col_panel * nr;
-                        let width = nr.min(n - j0);
-                        let b_panel = &self.packed_b[col_panel * k * nr + k0 * nr..][..kc * nr];
-                        for row_panel in 0..row_panels {
-                            let i0 = row0 + row_panel * mr;
-                            let height = mr.min(self.m - i0);
-                            let a_panel = &packed_a[row_panel * kc * mr..][..kc * mr];
-                            // SAFETY: (i0, j0) is inside this block of C.
-                            let c = unsafe { self.c.add(i0 * n + j0) };
-                            let accumulate = k0 > 0;
-                            if height == mr && width == nr {
-                                // SAFETY: a full tile; panels hold kc * mr and kc * nr values.
-                                unsafe {
-                                    (self.micro)(
-                                        kc,
-                                        a_panel.as_ptr(),
-                                        b_panel.as_ptr(),
-                                        c,
-                                        n,
-                                        accumulate,
-                                    )
-                                };
-                            } else {
-                                // An edge tile: compute the whole tile aside, keep its valid part.
-                                let mut tile = [0.0f32; MAX_TILE];
-                                // SAFETY: `tile` holds mr * nr <= MAX_TILE values at stride nr.
-                                unsafe {
-                                    (self.micro)(
-                                        kc,
-                                        a_panel.as_ptr(),
-                                        b_panel.as_ptr(),
-                                        tile.as_mut_ptr(),
-                                        nr,
-                                        false,
-                                    )
-                                };
-                                for (r, tile_row) in tile.chunks_exact(nr).take(height).enumerate()
-                                {
-                                    for (j, &v) in tile_row[..width].iter().enumerate() {
-                                        // SAFETY: row i0 + r < m and column j0 + j < n.
-                                        unsafe {
-                                            let dst = c.add(r * n + j);
-                                            *dst = if accumulate { *dst + v } else { v };
-                                        }
-                                    }
-                                }
-                            }
-                        }
+        let packed_len = row_panels * KC.min(k) * mr;
+        with_scratch(&PACKED_A, packed_len, MAX_PACKED_A, |packed_a| {
+            for k0 in (0..k).step_by(KC) {
+                let kc = KC.min(k - k0);
+                let packed_a = &mut packed_a[..row_panels * kc * mr];
+                pack::pack_a(self.a, row0, rows, k0, kc, mr, packed_a);
+                for col_panel in col0 / nr..(col0 + cols).div_ceil(nr) {
+                    let j0 = col_panel * nr;
+                    let width = nr.min(n - j0);
+                    let b_panel = &self.packed_b[col_panel * k * nr + k0 * nr..][..kc * nr];
+                    for row_panel in 0..row_panels {
+                        let i0 = row0 + row_panel * mr;
+                        let height = mr.min(self.m - i0);
+                        let a_panel = &packed_a[row_panel * kc * mr..][..kc * mr];
+                        // SAFETY: (i0, j0) is inside this block of C.
+                        let c = unsafe { self.c.add(i0 * n + j0) };
+                        // SAFETY: the panels hold kc * mr and kc * nr values; the tile lies in
+                        // this task's block of C.
+                        unsafe { self.tile(kc, a_panel, b_panel, c, height, width, k0 > 0) };
                     }
                 }
-            },
-        );
+            }
+        });
+        // The block is final and still in L2: run the epilogue over each of its rows.
+        if let Some(epilogue) = self.epilogue {
+            for r in 0..rows {
+                // SAFETY: the block's rows lie inside this task's part of C, which no other
+                // task touches.
+                let row = unsafe {
+                    std::slice::from_raw_parts_mut(self.c.add((row0 + r) * n + col0), cols)
+                };
+                epilogue(self.batch, row0 + r, col0, row);
+            }
+        }
+    }
+
+    /// One `height x width` tile of C at `c` over a K slice of `kc`: the micro-kernel in
+    /// place for a full tile, or into a local tile whose valid part is kept.
+    ///
+    /// # Safety
+    /// As `multiply`; `c` is the tile's origin inside this task's block.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile(
+        &self,
+        kc: usize,
+        a_panel: &[f32],
+        b_panel: &[f32],
+        c: *mut f32,
+        height: usize,
+        width: usize,
+        accumulate: bool,
+    ) {
+        let (mr, nr, n) = (self.mr, self.nr, self.n);
+        if height == mr && width == nr {
+            // SAFETY: a full tile (the caller's guarantees).
+            unsafe { (self.micro)(kc, a_panel.as_ptr(), b_panel.as_ptr(), c, n, accumulate) };
+            return;
+        }
+        let mut tile = [0.0f32; MAX_TILE];
+        // SAFETY: `tile` holds mr * nr <= MAX_TILE values at stride nr.
+        unsafe {
+            (self.micro)(
+                kc,
+                a_panel.as_ptr(),
+                b_panel.as_ptr(),
+                tile.as_mut_ptr(),
+                nr,
+                false,
+            )
+        };
+        for (r, tile_row) in tile.chunks_exact(nr).take(height).enumerate() {
+            for (j, &v) in tile_row[..width].iter().enumerate() {
+                // SAFETY: row r < height and column j < width of the tile.
+                unsafe {
+                    let dst = c.add(r * n + j);
+                    *dst = if accumulate { *dst + v } else { v };
+                }
+            }
+        }
     }
 }
