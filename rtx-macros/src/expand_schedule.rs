@@ -151,6 +151,11 @@ fn operand(o: &Operand) -> TokenStream {
 }
 
 fn instr(i: &Instr) -> TokenStream {
+    instr_with(i, operand)
+}
+
+/// `let __tN = scalar::op(args);`, with `operand` spelling each argument.
+fn instr_with(i: &Instr, operand: impl Fn(&Operand) -> TokenStream) -> TokenStream {
     let t = format_ident!("__t{}", i.node);
     let f = format_ident!("{}", i.op.name());
     let args: Vec<TokenStream> = i.args.iter().map(operand).collect();
@@ -164,6 +169,31 @@ fn instr(i: &Instr) -> TokenStream {
     }
 }
 
+/// `#[inline(always)] |[__i0, ..]: [f32; N]| { body; [outputs] }`: a pointwise group's body
+/// as the closure its driver calls once per element.
+fn pointwise_closure(inputs: usize, body: &[Instr], outputs: &[NodeId]) -> TokenStream {
+    let params = (0..inputs).map(|i| format_ident!("__i{}", i));
+    let instrs = body.iter().map(instr);
+    let results = outputs.iter().map(|&o| format_ident!("__t{}", o));
+    quote! {
+        #[inline(always)]
+        |[#(#params),*]: [f32; #inputs]| {
+            #(#instrs)*
+            [#(#results),*]
+        }
+    }
+}
+
+/// `let [__vA, __vB] = call?; let __nA = &__vA; ..`: binds a step's output tensors.
+fn bind_outputs(outputs: &[NodeId], call: TokenStream) -> TokenStream {
+    let values: Vec<syn::Ident> = outputs.iter().map(|&o| value(o)).collect();
+    let refs = outputs.iter().map(|&o| node_ref(o));
+    quote! {
+        let [#(#values),*] = #call?;
+        #(let #refs = &#values;)*
+    }
+}
+
 /// A fusion group: one closure over the group's inputs, one pass over its shape.
 fn fused(
     ir: &GraphFn,
@@ -172,30 +202,17 @@ fn fused(
     body: &[Instr],
     outputs: &[NodeId],
 ) -> TokenStream {
-    let n = inputs.len();
     let ins = inputs.iter().map(|&a| node_ref(a));
-    let params = (0..n).map(|i| format_ident!("__i{}", i));
-    let instrs = body.iter().map(instr);
-    let results = outputs.iter().map(|&o| format_ident!("__t{}", o));
-    let values: Vec<syn::Ident> = outputs.iter().map(|&o| value(o)).collect();
-    let refs = outputs.iter().map(|&o| node_ref(o));
+    let closure = pointwise_closure(inputs.len(), body, outputs);
     let shape = shape_expr(ir, shape_of);
-    quote! {
-        let [#(#values),*] = ::rtx_core::fused::fused(
-            [#(#ins),*],
-            #shape,
-            #[inline(always)]
-            |[#(#params),*]: [f32; #n]| {
-                #(#instrs)*
-                [#(#results),*]
-            },
-        )?;
-        #(let #refs = &#values;)*
-    }
+    bind_outputs(
+        outputs,
+        quote!(::rtx_core::fused::fused([#(#ins),*], #shape, #closure)),
+    )
 }
 
 /// A matmul with its pointwise epilogue: one closure over the product's element and the
-/// group's other inputs, run on each tile of the product.
+/// group's other inputs, run on each block of the product.
 fn matmul_epilogue(
     ir: &GraphFn,
     matmul: NodeId,
@@ -203,30 +220,15 @@ fn matmul_epilogue(
     body: &[Instr],
     outputs: &[NodeId],
 ) -> TokenStream {
-    let n = inputs.len();
     let args = &ir.graph.node(matmul).args;
     let (a, b) = (node_ref(args[0]), node_ref(args[1]));
     let extras = inputs[1..].iter().map(|&i| node_ref(i));
-    let params = (0..n).map(|i| format_ident!("__i{}", i));
-    let instrs = body.iter().map(instr);
-    let results = outputs.iter().map(|&o| format_ident!("__t{}", o));
-    let values: Vec<syn::Ident> = outputs.iter().map(|&o| value(o)).collect();
-    let refs = outputs.iter().map(|&o| node_ref(o));
+    let closure = pointwise_closure(inputs.len(), body, outputs);
     let shape = shape_expr(ir, matmul);
-    quote! {
-        let [#(#values),*] = ::rtx_core::fused::matmul_fused(
-            #a,
-            #b,
-            [#(#extras),*],
-            #shape,
-            #[inline(always)]
-            |[#(#params),*]: [f32; #n]| {
-                #(#instrs)*
-                [#(#results),*]
-            },
-        )?;
-        #(let #refs = &#values;)*
-    }
+    bind_outputs(
+        outputs,
+        quote!(::rtx_core::fused::matmul_fused(#a, #b, [#(#extras),*], #shape, #closure)),
+    )
 }
 
 /// An operand inside a row body: inputs are read at column `__j` in a pass over the row
@@ -247,17 +249,7 @@ fn row_operand(o: &Operand, wide: bool) -> TokenStream {
 }
 
 fn row_map(i: &Instr, wide: bool) -> TokenStream {
-    let t = format_ident!("__t{}", i.node);
-    let f = format_ident!("{}", i.op.name());
-    let args: Vec<TokenStream> = i.args.iter().map(|a| row_operand(a, wide)).collect();
-    match i.op {
-        Pointwise::Pow(p) => {
-            let p = f32_literal(p);
-            let x = &args[0];
-            quote!(let #t = ::rtx_core::fused::scalar::#f(#x, #p);)
-        }
-        _ => quote!(let #t = ::rtx_core::fused::scalar::#f(#(#args),*);),
-    }
+    instr_with(i, |a| row_operand(a, wide))
 }
 
 /// A row group: one closure per row. Row scalars are computed once; each reduction is one
@@ -339,23 +331,23 @@ fn rows(
     let in_names = (0..n).map(|i| format_ident!("__i{}", i));
     let out_names = (0..m).map(|i| format_ident!("__o{}", i));
     let out_wide = outputs.iter().map(|&o| is_wide(o));
-    let values: Vec<syn::Ident> = outputs.iter().map(|&o| value(o)).collect();
-    let refs = outputs.iter().map(|&o| node_ref(o));
     let shape = shape_expr(ir, shape_of);
-    quote! {
-        let [#(#values),*] = ::rtx_core::fused::rows(
-            [#(#ins),*],
-            #shape,
-            [#(#out_wide),*],
-            #[inline(always)]
-            |__in: &[::rtx_core::fused::RowIn<'_>; #n], __cols: usize, __out: &mut [&mut [f32]; #m]| {
-                let [#(#in_names),*] = __in;
-                let [#(#out_names),*] = __out;
-                #stmts
-            },
-        )?;
-        #(let #refs = &#values;)*
-    }
+    bind_outputs(
+        outputs,
+        quote! {
+            ::rtx_core::fused::rows(
+                [#(#ins),*],
+                #shape,
+                [#(#out_wide),*],
+                #[inline(always)]
+                |__in: &[::rtx_core::fused::RowIn<'_>; #n], __cols: usize, __out: &mut [&mut [f32]; #m]| {
+                    let [#(#in_names),*] = __in;
+                    let [#(#out_names),*] = __out;
+                    #stmts
+                },
+            )
+        },
+    )
 }
 
 /// The statements computing nodes `0..upto` of `ir`, where `roots` must be materialized:

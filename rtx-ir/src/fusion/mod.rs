@@ -19,8 +19,15 @@
 //! one pass over the row per reduction plus one to write the outputs (`Step::Rows`). So
 //! layer_norm, forward and backward, runs as one kernel per row instead of four.
 
+mod epilogue;
+mod rows;
+
+pub use rows::{RowInstr, RowReduce};
+
 use crate::graph::{Graph, NodeId};
 use crate::op::{Cmp, DType, Op};
+use epilogue::fuse_epilogues;
+use rows::{RowRole, narrow_of, row_role, rows_step};
 
 /// One pointwise operation of the fused-kernel table: what a backend must emit for it. The
 /// CPU meaning of each is a function of the same name in `rtx_backends::cpu::scalar`.
@@ -127,28 +134,6 @@ pub enum Operand {
     RowLen,
 }
 
-/// A reduction over the last axis of a row group, kept as a row scalar.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RowReduce {
-    Sum,
-    Mean,
-    Max,
-}
-
-/// One instruction of a row group.
-#[derive(Clone, Debug, PartialEq)]
-pub enum RowInstr {
-    /// A pointwise instruction; `wide` tells whether its value has the wide shape `[.., N]`
-    /// (computed in every pass over the row) or is a row scalar `[.., 1]` (computed once).
-    Map { instr: Instr, wide: bool },
-    /// `node = reduce(arg)` over the row, where `arg` is wide.
-    Reduce {
-        node: NodeId,
-        op: RowReduce,
-        arg: Operand,
-    },
-}
-
 /// One instruction of a fused group: `node = op(args)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Instr {
@@ -187,67 +172,6 @@ pub enum Step {
         body: Vec<RowInstr>,
         outputs: Vec<NodeId>,
     },
-}
-
-/// How a node takes part in a row group, if it can.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum RowRole {
-    /// A reduction over the last axis keeping it as size 1: the node's argument is wide.
-    Reduce(RowReduce),
-    /// `MeanGrad` over the last axis: the row-scalar gradient spread over the row, divided by
-    /// the row length. The node is wide.
-    Spread,
-}
-
-fn is_last_axis(axes: &[usize], rank: usize) -> bool {
-    rank >= 1 && axes == [rank - 1]
-}
-
-fn row_role(graph: &Graph, id: NodeId) -> Option<RowRole> {
-    let node = graph.node(id);
-    if node.dtype != DType::F32 {
-        return None;
-    }
-    let rank = node.shape.len();
-    match &node.op {
-        Op::Sum {
-            axes,
-            keepdim: true,
-        } if is_last_axis(axes, rank) => Some(RowRole::Reduce(RowReduce::Sum)),
-        Op::Mean {
-            axes,
-            keepdim: true,
-        } if is_last_axis(axes, rank) => Some(RowRole::Reduce(RowReduce::Mean)),
-        Op::Max {
-            axes,
-            keepdim: true,
-        } if is_last_axis(axes, rank) => Some(RowRole::Reduce(RowReduce::Max)),
-        Op::SumTo => {
-            // [.., N] -> [.., 1] with the same leading axes: a sum over the row.
-            let from = &graph.node(*node.args.first()?).shape;
-            let to = &node.shape;
-            (rank >= 1
-                && from.len() == rank
-                && from[..rank - 1] == to[..rank - 1]
-                && to[rank - 1].is_one()
-                && !from[rank - 1].is_one())
-            .then_some(RowRole::Reduce(RowReduce::Sum))
-        }
-        Op::MeanGrad {
-            axes,
-            keepdim: true,
-        } if is_last_axis(axes, rank) => Some(RowRole::Spread),
-        _ => None,
-    }
-}
-
-/// `shape` with its last axis 1: the row-scalar shape of a wide shape.
-fn narrow_of(shape: &[crate::dim::Dim]) -> Vec<crate::dim::Dim> {
-    let mut narrow = shape.to_vec();
-    if let Some(last) = narrow.last_mut() {
-        *last = crate::dim::Dim::known(1);
-    }
-    narrow
 }
 
 /// The schedule of nodes `0..upto` of `graph`, where `roots` (the function's results) must
@@ -354,78 +278,48 @@ pub fn plan(graph: &Graph, upto: usize, roots: &[NodeId]) -> Vec<Step> {
     fuse_epilogues(graph, steps, roots)
 }
 
-/// Turns each pointwise group that is the only reader of a matmul of its shape into that
-/// matmul's epilogue (`Step::MatMulEpilogue`), removing the matmul's own step.
-fn fuse_epilogues(graph: &Graph, steps: Vec<Step>, roots: &[NodeId]) -> Vec<Step> {
-    let mut readers = vec![0usize; graph.len()];
-    for step in &steps {
-        let read: &[NodeId] = match step {
-            Step::Kernel(id) => &graph.node(*id).args,
-            Step::Fused { inputs, .. }
-            | Step::Rows { inputs, .. }
-            | Step::MatMulEpilogue { inputs, .. } => inputs,
-        };
-        for &a in read {
-            readers[a] += 1;
+/// The operands of one group's instructions: the group's own members by node, scalar
+/// constants inlined, everything else as an input of the group, numbered in first-use order.
+pub(crate) struct Operands<'a> {
+    graph: &'a Graph,
+    group: &'a [Option<usize>],
+    own: Option<usize>,
+    pub(crate) inputs: Vec<NodeId>,
+}
+
+impl<'a> Operands<'a> {
+    pub(crate) fn new(graph: &'a Graph, group: &'a [Option<usize>], first: NodeId) -> Self {
+        Operands {
+            graph,
+            group,
+            own: group[first],
+            inputs: Vec::new(),
         }
     }
-    for &r in roots {
-        readers[r] += 1;
+
+    pub(crate) fn of(&mut self, a: NodeId) -> Operand {
+        if self.own.is_some() && self.group.get(a).copied().flatten() == self.own {
+            return Operand::Node(a);
+        }
+        if let Op::Const { value } = self.graph.node(a).op {
+            return Operand::Const(value);
+        }
+        let i = self.inputs.iter().position(|&x| x == a).unwrap_or_else(|| {
+            self.inputs.push(a);
+            self.inputs.len() - 1
+        });
+        Operand::Input(i)
     }
-    let absorbable = |id: NodeId, shape_of: NodeId| {
-        let node = graph.node(id);
-        matches!(node.op, Op::MatMul)
-            && node.dtype == DType::F32
-            && readers[id] == 1
-            && node.shape == graph.node(shape_of).shape
-    };
-    let mut absorbed = Vec::new();
-    let mut out: Vec<Step> = steps
-        .into_iter()
-        .map(|step| match step {
-            Step::Fused {
-                shape_of,
-                mut inputs,
-                mut body,
-                outputs,
-            } => match inputs.iter().position(|&i| absorbable(i, shape_of)) {
-                Some(k) => {
-                    // The matmul becomes input 0 (the accumulator); renumber the others.
-                    let matmul = inputs.remove(k);
-                    inputs.insert(0, matmul);
-                    let renumber = |i: usize| match i.cmp(&k) {
-                        std::cmp::Ordering::Equal => 0,
-                        std::cmp::Ordering::Less => i + 1,
-                        std::cmp::Ordering::Greater => i,
-                    };
-                    for instr in &mut body {
-                        for arg in &mut instr.args {
-                            if let Operand::Input(i) = arg {
-                                *i = renumber(*i);
-                            }
-                        }
-                    }
-                    absorbed.push(matmul);
-                    Step::MatMulEpilogue {
-                        matmul,
-                        shape_of,
-                        inputs,
-                        body,
-                        outputs,
-                    }
-                }
-                None => Step::Fused {
-                    shape_of,
-                    inputs,
-                    body,
-                    outputs,
-                },
-            },
-            other => other,
-        })
-        .collect();
-    out.retain(|s| !matches!(s, Step::Kernel(id) if absorbed.contains(id)));
-    out
+}
+
+/// The members of a group that its step must write: those read outside it, and the last.
+pub(crate) fn group_outputs(members: &[NodeId], read_outside: &[bool]) -> Vec<NodeId> {
+    let last = *members.last().unwrap_or(&members[0]);
+    members
+        .iter()
+        .copied()
+        .filter(|&m| read_outside[m] || m == last)
+        .collect()
 }
 
 fn fused_step(
@@ -434,28 +328,11 @@ fn fused_step(
     group: &[Option<usize>],
     read_outside: &[bool],
 ) -> Step {
-    let own = group[members[0]];
-    let mut inputs: Vec<NodeId> = Vec::new();
+    let mut operands = Operands::new(graph, group, members[0]);
     let mut body = Vec::with_capacity(members.len());
     for &m in members {
         let node = graph.node(m);
-        let args = node
-            .args
-            .iter()
-            .map(|&a| {
-                if group.get(a).copied().flatten() == own && own.is_some() {
-                    return Operand::Node(a);
-                }
-                if let Op::Const { value } = graph.node(a).op {
-                    return Operand::Const(value);
-                }
-                let i = inputs.iter().position(|&x| x == a).unwrap_or_else(|| {
-                    inputs.push(a);
-                    inputs.len() - 1
-                });
-                Operand::Input(i)
-            })
-            .collect();
+        let args = node.args.iter().map(|&a| operands.of(a)).collect();
         body.push(Instr {
             node: m,
             // Members are fusible by construction.
@@ -463,94 +340,11 @@ fn fused_step(
             args,
         });
     }
-    let last = *members.last().unwrap_or(&members[0]);
-    let outputs = members
-        .iter()
-        .copied()
-        .filter(|&m| read_outside[m] || m == last)
-        .collect();
     Step::Fused {
-        shape_of: last,
-        inputs,
+        shape_of: *members.last().unwrap_or(&members[0]),
+        inputs: operands.inputs,
         body,
-        outputs,
-    }
-}
-
-/// The `Step::Rows` of a row group.
-fn rows_step(
-    graph: &Graph,
-    members: &[NodeId],
-    wide_shape: &[crate::dim::Dim],
-    group: &[Option<usize>],
-    read_outside: &[bool],
-) -> Step {
-    let own = group[members[0]];
-    let mut inputs: Vec<NodeId> = Vec::new();
-    let mut operand = |a: NodeId| -> Operand {
-        if own.is_some() && group.get(a).copied().flatten() == own {
-            return Operand::Node(a);
-        }
-        if let Op::Const { value } = graph.node(a).op {
-            return Operand::Const(value);
-        }
-        let i = inputs.iter().position(|&x| x == a).unwrap_or_else(|| {
-            inputs.push(a);
-            inputs.len() - 1
-        });
-        Operand::Input(i)
-    };
-    let mut body = Vec::with_capacity(members.len());
-    // Any node of the wide shape gives the step its shape: a wide member, or the argument of a
-    // reduction (an input when the group is a lone reduction).
-    let mut shape_of = None;
-    for &m in members {
-        let node = graph.node(m);
-        let is_wide = node.shape == wide_shape;
-        if is_wide {
-            shape_of.get_or_insert(m);
-        }
-        match (Pointwise::of(&node.op), row_role(graph, m)) {
-            (Some(op), _) => body.push(RowInstr::Map {
-                instr: Instr {
-                    node: m,
-                    op,
-                    args: node.args.iter().map(|&a| operand(a)).collect(),
-                },
-                wide: is_wide,
-            }),
-            (None, Some(RowRole::Reduce(op))) => {
-                shape_of.get_or_insert(node.args[0]);
-                body.push(RowInstr::Reduce {
-                    node: m,
-                    op,
-                    arg: operand(node.args[0]),
-                });
-            }
-            // MeanGrad(like, g): g / row length, spread over the row (`like` gives only the
-            // shape, so it is not read).
-            (None, Some(RowRole::Spread)) => body.push(RowInstr::Map {
-                instr: Instr {
-                    node: m,
-                    op: Pointwise::Div,
-                    args: vec![operand(node.args[1]), Operand::RowLen],
-                },
-                wide: true,
-            }),
-            (None, None) => {}
-        }
-    }
-    let last = *members.last().unwrap_or(&members[0]);
-    let outputs = members
-        .iter()
-        .copied()
-        .filter(|&m| read_outside[m] || m == last)
-        .collect();
-    Step::Rows {
-        shape_of: shape_of.unwrap_or(last),
-        inputs,
-        body,
-        outputs,
+        outputs: group_outputs(members, read_outside),
     }
 }
 
