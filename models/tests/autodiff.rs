@@ -80,14 +80,31 @@ fn mlp_backward_differentiates_no_dropout_mask() {
         .position(|n| matches!(n.op, Op::DropoutMask { .. }))
         .expect("the MLP has a dropout mask");
 
-    let products: Vec<&Vec<usize>> = loss.graph.nodes[loss.forward_len..]
+    let dropped = loss.graph.nodes[..loss.forward_len]
+        .iter()
+        .find(|n| n.op == Op::Mul && n.args.contains(&mask))
+        .expect("dropout multiplies by its mask");
+    let h = dropped
+        .args
+        .iter()
+        .copied()
+        .find(|&a| a != mask)
+        .unwrap_or(mask);
+
+    let backward_products: Vec<&Vec<usize>> = loss.graph.nodes[loss.forward_len..]
         .iter()
         .filter(|n| n.op == Op::Mul)
         .map(|n| &n.args)
         .collect();
+    let reading = |v: usize| backward_products.iter().filter(|a| a.contains(&v)).count();
 
-    assert_eq!(products.len(), 1, "{}", ir.to_text());
-    assert!(products[0].contains(&mask), "{}", ir.to_text());
+    assert_eq!(reading(mask), 1, "{}", ir.to_text());
+    assert_eq!(
+        reading(h),
+        0,
+        "the mask's gradient g * h is computed: {}",
+        ir.to_text()
+    );
 }
 
 #[test]

@@ -47,3 +47,26 @@ pub enum RtxError {
 }
 
 pub type Result<T, E = RtxError> = std::result::Result<T, E>;
+
+impl From<rtx_backends::cpu::KernelError> for RtxError {
+    fn from(e: rtx_backends::cpu::KernelError) -> Self {
+        use rtx_backends::cpu::KernelError;
+        match e {
+            KernelError::Index {
+                kernel,
+                position,
+                value,
+                limit,
+            } => RtxError::IndexOutOfRange {
+                context: match kernel {
+                    "pick" | "pick_grad" => "class labels (cross_entropy) / pick indices".into(),
+                    _ => format!("`{kernel}` indices"),
+                },
+                index: position,
+                value,
+                limit,
+            },
+            other => RtxError::Invalid(other.to_string()),
+        }
+    }
+}

@@ -73,15 +73,6 @@ fn ids(t: &Tensor, limit: usize, context: &str) -> Result<Vec<i64>> {
     Ok(v)
 }
 
-fn label_error(e: cpu::LabelOutOfRange) -> RtxError {
-    RtxError::IndexOutOfRange {
-        context: "cross_entropy labels".into(),
-        index: e.index,
-        value: e.label,
-        limit: e.classes,
-    }
-}
-
 fn unary(op: &Op, x: &Tensor, u: UnaryOp) -> Result<Tensor> {
     let (d, l) = f32s(x, op)?;
     Ok(Tensor::from_kernel(cpu::unary(u, d, l), x.shape()))
@@ -236,26 +227,6 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             let (out, shape) = cpu::matmul(da, la, db, lb);
             Tensor::from_kernel(out, &shape)
         }
-        Op::CrossEntropy => {
-            let (d, l) = f32s(a(0), op)?;
-            let labels = a(1).i64_contiguous("cross_entropy labels")?;
-            Tensor::scalar(cpu::cross_entropy(d, l, &labels).map_err(label_error)?)
-        }
-        Op::CrossEntropyGrad => {
-            let (d, l) = f32s(a(0), op)?;
-            let labels = a(1).i64_contiguous("cross_entropy labels")?;
-            let g = a(2).item()?;
-            Tensor::from_kernel(
-                cpu::cross_entropy_grad(d, l, &labels, g).map_err(label_error)?,
-                out_shape,
-            )
-        }
-        Op::Mse => {
-            let diff = binary(op, a(0), a(1), BinaryOp::Sub)?;
-            let sq = unary(op, &diff, UnaryOp::PowScalar(2.0))?;
-            let axes: rtx_backends::layout::Dims = (0..sq.rank()).collect();
-            reduce(op, &sq, ReduceOp::Mean, &axes, false)?
-        }
         Op::Conv2d { stride, padding } => {
             let ((dx, lx), (dw, lw)) = (f32s(a(0), op)?, f32s(a(1), op)?);
             let (out, shape) = cpu::conv2d(dx, lx, dw, lw, *stride, *padding);
@@ -319,6 +290,16 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             let (dt, lt) = f32s(a(0), op)?;
             let ids = ids(a(1), a(0).shape()[0], "embedding ids")?;
             Tensor::from_kernel(cpu::gather_rows(dt, lt, &ids), out_shape)
+        }
+        Op::Pick => {
+            let (d, l) = f32s(a(0), op)?;
+            let ids = a(1).i64_contiguous("pick indices")?;
+            Tensor::from_kernel(cpu::pick_last(d, l, &ids)?, out_shape)
+        }
+        Op::PickGrad => {
+            let (dg, lg) = f32s(a(0), op)?;
+            let ids = a(1).i64_contiguous("pick indices")?;
+            Tensor::from_kernel(cpu::pick_last_grad(dg, lg, &ids, a(2).shape())?, out_shape)
         }
         Op::EmbeddingGrad => {
             let (dg, lg) = f32s(a(0), op)?;

@@ -125,12 +125,11 @@ fn test_of(op: &Op) -> Option<&'static str> {
         Op::Select => "select_matches_reference",
         Op::Sum { .. } | Op::Mean { .. } | Op::Max { .. } => "reductions_match_reference",
         Op::MatMul => "matmul_matches_reference",
-        Op::CrossEntropy => "cross_entropy_matches_reference",
-        Op::Mse => "mse_matches_reference",
         Op::Conv2d { .. } => "conv2d_matches_reference",
         Op::MaxPool2d { .. } => "max_pool2d_matches_reference",
         Op::AvgPool2d { .. } => "avg_pool2d_matches_reference",
         Op::Embedding => "embedding_matches_reference",
+        Op::Pick => "pick_matches_reference",
         Op::DropoutMask { .. } => "eval_mode_dropout_mask_is_ones_like_reference",
         Op::Reshape { .. } => "reshape_matches_reference",
         Op::Permute { .. } => "permute_matches_reference",
@@ -141,7 +140,7 @@ fn test_of(op: &Op) -> Option<&'static str> {
         Op::ReluGrad | Op::GeluGrad => "relu_grad_and_gelu_grad_match_reference",
         Op::MeanGrad { .. } => "mean_grad_matches_reference",
         Op::MaxGrad { .. } => "max_grad_matches_reference",
-        Op::CrossEntropyGrad => "cross_entropy_grad_matches_reference",
+        Op::PickGrad => "pick_grad_matches_reference",
         Op::Conv2dGradInput { .. } => "conv2d_grad_input_matches_reference",
         Op::Conv2dGradWeight { .. } => "conv2d_grad_weight_matches_reference",
         Op::MaxPool2dGrad { .. } => "max_pool2d_grad_matches_reference",
@@ -403,27 +402,6 @@ fn matmul_reads_broadcast_and_narrowed_operands() {
     check_contraction(&Op::MatMul, &[&window, &b], 6);
 }
 
-// --- losses -----------------------------------------------------------------------
-
-#[test]
-fn cross_entropy_matches_reference() {
-    let mut rng = Rng::new(18);
-    let logits = rng.tensor_in(&[6, 5], -3.0, 3.0);
-    let labels = rng.ids(&[6], 5);
-    check(&Op::CrossEntropy, &[&logits, &labels]);
-    let transposed = transposed_random(&mut rng, &[6, 5]);
-    check(&Op::CrossEntropy, &[&transposed, &labels]);
-}
-
-#[test]
-fn mse_matches_reference() {
-    let mut rng = Rng::new(19);
-    let (a, b) = (rng.tensor(&[3, 4]), rng.tensor(&[3, 4]));
-    check(&Op::Mse, &[&a, &b]);
-    let p = permuted(&rng.tensor(&[4, 3]), &[1, 0]);
-    check(&Op::Mse, &[&p, &b]);
-}
-
 // --- convolution and pooling ------------------------------------------------------------------
 
 #[test]
@@ -642,6 +620,27 @@ fn embedding_grad_matches_reference() {
     let ids = rng.ids(&[2, 5], 4);
     let g = rng.tensor(&[2, 5, 3]);
     check(&Op::EmbeddingGrad, &[&g, &ids, &table]);
+}
+
+#[test]
+fn pick_matches_reference() {
+    let mut rng = Rng::new(18);
+    let x = rng.tensor_in(&[2, 3, 5], -3.0, 3.0);
+    let ids = rng.ids(&[2, 3], 5);
+    check(&Op::Pick, &[&x, &ids]);
+    let transposed = transposed_random(&mut rng, &[6, 5]);
+    check(&Op::Pick, &[&transposed, &rng.ids(&[6], 5)]);
+}
+
+#[test]
+fn pick_grad_matches_reference() {
+    let mut rng = Rng::new(43);
+    let x = rng.tensor(&[2, 3, 5]);
+    let ids = rng.ids(&[2, 3], 5);
+    let g = rng.tensor(&[2, 3]);
+    check(&Op::PickGrad, &[&g, &ids, &x]);
+    let transposed = transposed_random(&mut rng, &[2, 3]);
+    check(&Op::PickGrad, &[&transposed, &ids, &x]);
 }
 
 #[test]
@@ -988,15 +987,4 @@ fn max_grad_matches_reference() {
         },
         &[&p, &rng.tensor(&[3, 4])],
     );
-}
-
-#[test]
-fn cross_entropy_grad_matches_reference() {
-    let mut rng = Rng::new(43);
-    let logits = rng.tensor_in(&[6, 5], -3.0, 3.0);
-    let labels = rng.ids(&[6], 5);
-    let g = Tensor::scalar(rng.uniform(0.5, 2.0));
-    check(&Op::CrossEntropyGrad, &[&logits, &labels, &g]);
-    let transposed = transposed_random(&mut rng, &[6, 5]);
-    check(&Op::CrossEntropyGrad, &[&transposed, &labels, &g]);
 }

@@ -68,22 +68,17 @@ fn reduction_backward_ops_reject_a_gradient_of_another_shape() {
 }
 
 #[test]
-fn cross_entropy_grad_rejects_labels_of_another_batch_and_a_non_scalar_gradient() {
+fn pick_grad_rejects_indices_of_another_batch_and_a_gradient_of_another_shape() {
     let mut rng = Rng::new(3);
-    let logits = rng.tensor(&[3, 4]);
-    let (short, labels) = (rng.ids(&[2], 4), rng.ids(&[3], 4));
-    let scalar = Tensor::scalar(1.0);
+    let x = rng.tensor(&[3, 4]);
+    let (short, ids) = (rng.ids(&[2], 4), rng.ids(&[3], 4));
+    let g = rng.tensor(&[3]);
+    assert_mismatch(&Op::PickGrad, &[&g, &short, &x], "[3]", "[2]");
     assert_mismatch(
-        &Op::CrossEntropyGrad,
-        &[&logits, &short, &scalar],
+        &Op::PickGrad,
+        &[&rng.tensor(&[3, 1]), &ids, &x],
         "[3]",
-        "[2]",
-    );
-    assert_mismatch(
-        &Op::CrossEntropyGrad,
-        &[&logits, &labels, &rng.tensor(&[3])],
-        "[]",
-        "[3]",
+        "[3, 1]",
     );
 }
 

@@ -279,29 +279,6 @@ fn vjp(
                 Some(b.sum_to(gb, x(1)).map_err(e)?),
             ])
         }
-        Op::CrossEntropy => Ok(vec![
-            Some(b.op(Op::CrossEntropyGrad, &[x(0), x(1), g]).map_err(e)?),
-            None,
-        ]),
-        // mse = mean((a-b)^2): d/da = 2 (a - b) * g / n
-        Op::Mse => {
-            let r = b.g.node(x(0)).shape.len();
-            let gm = b
-                .op(
-                    Op::MeanGrad {
-                        axes: (0..r).collect(),
-                        keepdim: false,
-                    },
-                    &[x(0), g],
-                )
-                .map_err(e)?;
-            let diff = b.op(Op::Sub, &[x(0), x(1)]).map_err(e)?;
-            let c2 = b.c(2.0).map_err(e)?;
-            let d2 = b.mul(c2, diff).map_err(e)?;
-            let ga = b.mul(gm, d2).map_err(e)?;
-            let gb = b.neg(ga).map_err(e)?;
-            Ok(vec![Some(ga), Some(gb)])
-        }
         Op::Conv2d { stride, padding } => {
             let gx = b
                 .op(
@@ -351,6 +328,10 @@ fn vjp(
                 &[x(0), g],
             )
             .map_err(e)?),
+        Op::Pick => Ok(vec![
+            Some(b.op(Op::PickGrad, &[g, x(1), x(0)]).map_err(e)?),
+            None,
+        ]),
         Op::Embedding => Ok(vec![
             Some(b.op(Op::EmbeddingGrad, &[g, x(1), x(0)]).map_err(e)?),
             None,
@@ -393,7 +374,7 @@ fn vjp(
         | Op::GeluGrad
         | Op::MeanGrad { .. }
         | Op::MaxGrad { .. }
-        | Op::CrossEntropyGrad
+        | Op::PickGrad
         | Op::Conv2dGradInput { .. }
         | Op::Conv2dGradWeight { .. }
         | Op::MaxPool2dGrad { .. }

@@ -12,7 +12,7 @@ use std::fmt::Write;
 pub type NodeId = usize;
 
 /// Bumped whenever the serialized form changes incompatibly.
-pub const IR_VERSION: u32 = 2;
+pub const IR_VERSION: u32 = 3;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Node {

@@ -150,7 +150,8 @@ impl Unifier {
         false
     }
 
-    fn same_shape(&mut self, a: &Shape, b: &Shape) -> bool {
+    /// `same` for every axis, and equal ranks.
+    pub fn same_shape(&mut self, a: &Shape, b: &Shape) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| self.same(x, y))
     }
 }
@@ -443,28 +444,6 @@ pub fn infer(
             out.push(b[b.len() - 1].clone());
             f32_out(out)
         }
-        Op::CrossEntropy => {
-            let (logits, labels) = (sh(0), sh(1));
-            need_rank(0, logits, 2, "cross_entropy logits [N, C]")?;
-            if args[1].1 != DType::I64 {
-                return Err(ShapeError::invalid(
-                    1,
-                    "cross_entropy labels must be integer class indices (i64), found a float tensor",
-                ));
-            }
-            let expected = vec![logits[0].clone()];
-            if !u.same_shape(&expected, labels) {
-                return Err(ShapeError::mismatch(1, expected, labels)
-                    .with_help("labels hold one class index per row of the logits"));
-            }
-            f32_out(vec![])
-        }
-        Op::Mse => {
-            if !u.same_shape(sh(0), sh(1)) {
-                return Err(ShapeError::mismatch(1, sh(0).clone(), sh(1)));
-            }
-            f32_out(vec![])
-        }
         Op::Conv2d { stride, padding } => {
             let (x, w) = (sh(0), sh(1));
             need_rank(0, x, 4, "conv2d input [N, C, H, W]")?;
@@ -524,6 +503,27 @@ pub fn infer(
             let mut out = sh(1).clone();
             out.push(sh(0)[1].clone());
             f32_out(out)
+        }
+        Op::Pick => {
+            let (x, ids) = (sh(0), sh(1));
+            if x.is_empty() {
+                return Err(ShapeError::invalid(
+                    0,
+                    "picking one element per row needs an axis to pick from; a scalar has none",
+                ));
+            }
+            if args[1].1 != DType::I64 {
+                return Err(ShapeError::invalid(
+                    1,
+                    "the indices must be integers (i64), found a float tensor",
+                ));
+            }
+            let rows = x[..x.len() - 1].to_vec();
+            if !u.same_shape(&rows, ids) {
+                return Err(ShapeError::mismatch(1, rows, ids)
+                    .with_help("there is one index (class label) per row of the values"));
+            }
+            f32_out(rows)
         }
         Op::DropoutMask { p } => {
             if !(0.0..1.0).contains(p) {
@@ -647,10 +647,10 @@ pub fn infer(
             need_grad_shape(1, reduced(sh(0), axes, *keepdim), sh(1), d.name, u)?;
             f32_out(sh(0).clone())
         }
-        Op::CrossEntropyGrad => {
-            let out = forward_shape(&Op::CrossEntropy, args, &[0, 1], u)?;
-            need_grad_shape(2, out, sh(2), d.name, u)?;
-            f32_out(sh(0).clone())
+        Op::PickGrad => {
+            let out = forward_shape(&Op::Pick, args, &[2, 1], u)?;
+            need_grad_shape(0, out, sh(0), d.name, u)?;
+            f32_out(sh(2).clone())
         }
         Op::Conv2dGradInput { stride, padding } => {
             let out = forward_shape(

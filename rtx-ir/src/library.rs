@@ -18,6 +18,9 @@ pub trait Emit {
     /// A scalar constant, broadcast by the op that uses it.
     fn constant(&mut self, value: f64) -> NodeId;
     fn shape(&self, value: NodeId) -> &Shape;
+    /// Whether two shapes are equal, as a shape rule decides it: a dimension that depends on a
+    /// generic parameter may be left for rustc to check (an obligation), as in core rules.
+    fn same_shape(&mut self, expected: &Shape, found: &Shape) -> bool;
 }
 
 type Lowering = fn(&mut dyn Emit, &[NodeId], &[f64]) -> Result<NodeId, ShapeError>;
@@ -118,8 +121,15 @@ pub const LIBRARY: &[LibraryOp] = &[
         "mse",
         &["a", "b"],
         &[],
-        "mean of squared differences, a scalar",
-        |e, t, _| e.op(Op::Mse, &[t[0], t[1]]),
+        "mean of squared differences of two values of one shape, a scalar",
+        mse,
+    ),
+    row(
+        "cross_entropy",
+        &["logits", "labels"],
+        &[],
+        "mean over rows of -log_softmax(logits)[label]; logits [.., C], labels i64 [..]",
+        cross_entropy,
     ),
     row("silu", &["x"], &[], "x * sigmoid(x)", silu),
     row("abs", &["x"], &[], "|x|; gradient 0 at 0", abs),
@@ -184,6 +194,50 @@ pub const LIBRARY: &[LibraryOp] = &[
 /// The definition of `name`, if it is a library op.
 pub fn lookup(name: &str) -> Option<&'static LibraryOp> {
     LIBRARY.iter().find(|op| op.name == name)
+}
+
+fn mse(e: &mut dyn Emit, t: &[NodeId], _: &[f64]) -> Result<NodeId, ShapeError> {
+    let (a, b) = (t[0], t[1]);
+    // Exactly one shape, unlike `sub`: broadcasting a [B, 1] prediction against [B] targets
+    // is the classic silent bug (PyTorch only warns).
+    let (sa, sb) = (e.shape(a).clone(), e.shape(b).clone());
+    if !e.same_shape(&sa, &sb) {
+        return Err(ShapeError::mismatch(1, sa, &sb));
+    }
+    let diff = e.op(Op::Sub, &[a, b])?;
+    let squared = e.op(Op::Mul, &[diff, diff])?;
+    mean_all(e, squared)
+}
+
+fn cross_entropy(e: &mut dyn Emit, t: &[NodeId], _: &[f64]) -> Result<NodeId, ShapeError> {
+    let (logits, labels) = (t[0], t[1]);
+    let rank = e.shape(logits).len();
+    if rank == 0 {
+        return Err(ShapeError::invalid(
+            0,
+            "cross_entropy needs logits with a class axis ([N, C]), found a scalar",
+        ));
+    }
+    // log_softmax is one row kernel forward and backward; the gradient that reaches the
+    // logits is softmax - onehot, scaled, without a rule of its own.
+    let log_probs = softmax(e, logits, rank - 1, true)?;
+    let picked = e
+        .op(Op::Pick, &[log_probs, labels])
+        .map_err(|err| err.with_help("labels hold one class index per row of the logits"))?;
+    let mean = mean_all(e, picked)?;
+    e.op(Op::Neg, &[mean])
+}
+
+/// The mean over every axis, a scalar.
+fn mean_all(e: &mut dyn Emit, x: NodeId) -> Result<NodeId, ShapeError> {
+    let rank = e.shape(x).len();
+    e.op(
+        Op::Mean {
+            axes: (0..rank).collect(),
+            keepdim: false,
+        },
+        &[x],
+    )
 }
 
 fn silu(e: &mut dyn Emit, t: &[NodeId], _: &[f64]) -> Result<NodeId, ShapeError> {

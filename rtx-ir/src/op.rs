@@ -122,10 +122,6 @@ pub enum Op {
     // --- linear algebra, nn ----------------------------------------------------------------
     /// `[.., M, K] @ [.., K, N]`, batch dimensions broadcast.
     MatMul,
-    /// `(logits [N, C], labels [N] i64) -> []`, mean over N.
-    CrossEntropy,
-    /// `(a, b) -> []`, mean of squared differences.
-    Mse,
     /// `(x [N, C, H, W], w [O, C, KH, KW]) -> [N, O, OH, OW]`.
     Conv2d {
         stride: [usize; 2],
@@ -143,6 +139,10 @@ pub enum Op {
     },
     /// `(table [V, D], ids [..] i64) -> [.., D]`.
     Embedding,
+    /// `(x [.., C], ids [..] i64) -> [..]`: one element of each last-axis row, `x[.., ids[..]]`
+    /// (PyTorch's `gather` along the last axis, squeezed); ids outside `0..C` are an error.
+    /// `cross_entropy` picks each row's label with it.
+    Pick,
     /// `(x) -> mask` of x's shape: 0 with probability p, else 1/(1-p); ones in eval mode.
     DropoutMask {
         p: f64,
@@ -183,8 +183,8 @@ pub enum Op {
         axes: Vec<usize>,
         keepdim: bool,
     },
-    /// `(logits, labels, g []) -> logits-shaped`.
-    CrossEntropyGrad,
+    /// `(g [..], ids [..], x_like [.., C]) -> x-shaped`: zeros with `g` at the picked positions.
+    PickGrad,
     /// `(g, w, x_like) -> x-shaped`.
     Conv2dGradInput {
         stride: [usize; 2],
@@ -286,12 +286,11 @@ impl Op {
             Op::Mean { .. } => def("mean", 1, Reduction, 1.0),
             Op::Max { .. } => def("max", 1, Reduction, 1.0),
             Op::MatMul => def("matmul", 2, Contraction, 2.0),
-            Op::CrossEntropy => def("cross_entropy", 2, Reduction, 25.0),
-            Op::Mse => def("mse", 2, Reduction, 3.0),
             Op::Conv2d { .. } => def("conv2d", 2, Contraction, 2.0),
             Op::MaxPool2d { .. } => def("max_pool2d", 1, Other, 1.0),
             Op::AvgPool2d { .. } => def("avg_pool2d", 1, Other, 1.0),
             Op::Embedding => def("embedding", 2, Other, 0.0),
+            Op::Pick => def("pick", 2, Other, 0.0),
             Op::DropoutMask { .. } => def("dropout_mask", 1, Elementwise, 5.0),
             Op::Reshape { .. } => def("reshape", 1, Layout, 0.0),
             Op::Permute { .. } => def("permute", 1, Layout, 0.0),
@@ -303,7 +302,7 @@ impl Op {
             Op::GeluGrad => def("gelu_grad", 2, Elementwise, 30.0),
             Op::MeanGrad { .. } => def("mean_grad", 2, Elementwise, 1.0),
             Op::MaxGrad { .. } => def("max_grad", 2, Reduction, 2.0),
-            Op::CrossEntropyGrad => def("cross_entropy_grad", 3, Reduction, 25.0),
+            Op::PickGrad => def("pick_grad", 3, Other, 1.0),
             Op::Conv2dGradInput { .. } => def("conv2d_grad_input", 3, Contraction, 2.0),
             Op::Conv2dGradWeight { .. } => def("conv2d_grad_weight", 3, Contraction, 2.0),
             Op::MaxPool2dGrad { .. } => def("max_pool2d_grad", 2, Other, 1.0),

@@ -466,90 +466,60 @@ fn matmul(a: &Array, b: &Array) -> R<Array> {
     Ok(Array { shape, data })
 }
 
-/// Softmax (or log-softmax) along `axis`, with the maximum subtracted for stability.
-fn softmax(x: &Array, axis: usize, log: bool, what: &str) -> R<Array> {
-    need_axis(axis, x.shape.len(), what)?;
-    let (outer, len, inner) = split_at_axis(&x.shape, axis)?;
-    let mut data = vec![0.0; x.data.len()];
-    for o in 0..outer {
-        for i in 0..inner {
-            let at = |j: usize| (o * len + j) * inner + i;
-            let m = (0..len)
-                .map(|j| x.data[at(j)])
-                .fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = (0..len).map(|j| (x.data[at(j)] - m).exp()).sum();
-            for j in 0..len {
-                let s = x.data[at(j)] - m;
-                data[at(j)] = if log { s - z.ln() } else { s.exp() / z };
-            }
-        }
-    }
-    Ok(Array {
-        shape: x.shape.clone(),
-        data,
-    })
-}
-
-/// Checks `logits [N, C]` and `labels [N]` and returns N, C and the labels as indices.
-fn cross_entropy_args(logits: &Array, labels: &Array) -> R<(usize, usize, Vec<usize>)> {
-    need_rank(logits, 2, "cross_entropy logits [N, C]")?;
-    let (n, c) = (logits.shape[0], logits.shape[1]);
-    if labels.shape != [n] {
+/// The ids as positions along the last axis of `x [.., C]`; returns C and the positions.
+fn pick_args(x_shape: &[usize], ids: &Array, what: &str) -> R<(usize, Vec<usize>)> {
+    let Some((&c, rows)) = x_shape.split_last() else {
         return Err(format!(
-            "cross_entropy labels should have shape [{n}] (one per row of the logits), found {:?}",
-            labels.shape
+            "{what} needs values with at least one axis, found a scalar"
+        ));
+    };
+    if ids.shape != rows {
+        return Err(format!(
+            "{what}: the indices should have shape {rows:?} (one per row), found {:?}",
+            ids.shape
         ));
     }
-    let labels = labels
+    let ids = ids
         .data
         .iter()
         .enumerate()
-        .map(|(i, &v)| index_value(v, c, "cross_entropy label", i))
+        .map(|(i, &v)| index_value(v, c, &format!("{what} index"), i))
         .collect::<R<Vec<_>>>()?;
-    Ok((n, c, labels))
+    Ok((c, ids))
 }
 
-/// Mean over rows of `-log_softmax(row)[label]`.
-fn cross_entropy(logits: &Array, labels: &Array) -> R<Array> {
-    let (n, c, labels) = cross_entropy_args(logits, labels)?;
-    let lsm = softmax(logits, 1, true, "cross_entropy")?;
-    let total: f64 = (0..n).map(|r| -lsm.data[r * c + labels[r]]).sum();
-    Ok(Array::scalar(total / n as f64))
-}
-
-/// `(softmax(logits) - onehot(labels)) * g / N`.
-fn cross_entropy_grad(logits: &Array, labels: &Array, g: &Array) -> R<Array> {
-    let (n, c, labels) = cross_entropy_args(logits, labels)?;
-    if !g.shape.is_empty() {
-        return Err(format!(
-            "cross_entropy_grad needs a scalar output gradient, found shape {:?}",
-            g.shape
-        ));
-    }
-    let sm = softmax(logits, 1, false, "cross_entropy_grad")?;
-    let scale = g.data[0] / n as f64;
-    let mut data = sm.data;
-    for r in 0..n {
-        for j in 0..c {
-            let onehot = if j == labels[r] { 1.0 } else { 0.0 };
-            data[r * c + j] = (data[r * c + j] - onehot) * scale;
-        }
-    }
+/// `out[r] = x[r, ids[r]]` over the rows `r` of the last axis.
+fn pick(x: &Array, ids: &Array) -> R<Array> {
+    let (c, ids) = pick_args(&x.shape, ids, "pick")?;
     Ok(Array {
-        shape: logits.shape.clone(),
-        data,
+        shape: ids_shape(&x.shape),
+        data: ids
+            .iter()
+            .enumerate()
+            .map(|(r, &j)| x.data[r * c + j])
+            .collect(),
     })
 }
 
-fn mse(a: &Array, b: &Array) -> R<Array> {
-    need_same_shape(a, b, "mse")?;
-    let total: f64 = a
-        .data
-        .iter()
-        .zip(&b.data)
-        .map(|(x, y)| (x - y) * (x - y))
-        .sum();
-    Ok(Array::scalar(total / a.data.len() as f64))
+/// Zeros of `x_like`'s shape with `g[r]` at `[r, ids[r]]`.
+fn pick_grad(g: &Array, ids: &Array, x_like: &Array) -> R<Array> {
+    let (c, ids) = pick_args(&x_like.shape, ids, "pick_grad")?;
+    if g.shape != ids_shape(&x_like.shape) {
+        return Err(format!(
+            "pick_grad: the output gradient should have shape {:?}, found {:?}",
+            ids_shape(&x_like.shape),
+            g.shape
+        ));
+    }
+    let mut out = Array::zeros(x_like.shape.clone());
+    for (r, &j) in ids.iter().enumerate() {
+        out.data[r * c + j] = g.data[r];
+    }
+    Ok(out)
+}
+
+fn ids_shape(x_shape: &[usize]) -> Vec<usize> {
+    x_shape[..x_shape.len().saturating_sub(1)].to_vec()
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1191,8 +1161,6 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         }
 
         Op::MatMul => matmul(x(0), x(1)),
-        Op::CrossEntropy => cross_entropy(x(0), x(1)),
-        Op::Mse => mse(x(0), x(1)),
         Op::Conv2d { stride, padding } => conv2d(x(0), x(1), *stride, *padding),
         Op::MaxPool2d {
             kernel,
@@ -1205,6 +1173,7 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
             padding,
         } => avg_pool2d(x(0), *kernel, *stride, *padding),
         Op::Embedding => embedding(x(0), x(1)),
+        Op::Pick => pick(x(0), x(1)),
         Op::DropoutMask { p } => {
             if !(0.0..1.0).contains(p) {
                 return Err(format!("dropout probability must be in [0, 1), found {p}"));
@@ -1256,7 +1225,7 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
             }
             Ok(out)
         }
-        Op::CrossEntropyGrad => cross_entropy_grad(x(0), x(1), x(2)),
+        Op::PickGrad => pick_grad(x(0), x(1), x(2)),
         Op::Conv2dGradInput { stride, padding } => {
             conv2d_grad(x(2), x(1), x(0), *stride, *padding, true)
         }

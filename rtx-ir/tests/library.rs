@@ -6,23 +6,10 @@ mod common;
 use common::*;
 use rtx_ir::library::{Emit, LIBRARY, lookup};
 use rtx_ir::reference::Array;
-use rtx_ir::{NodeId, Op, Shape, ShapeError};
-
-impl Emit for Case {
-    fn op(&mut self, op: Op, args: &[NodeId]) -> Result<NodeId, ShapeError> {
-        self.graph.push(op, args, &mut self.u)
-    }
-    fn constant(&mut self, value: f64) -> NodeId {
-        Case::op(self, Op::Const { value }, &[])
-    }
-    fn shape(&self, value: NodeId) -> &Shape {
-        &self.graph.node(value).shape
-    }
-}
+use rtx_ir::{NodeId, Op};
 
 fn call(c: &mut Case, name: &str, tensors: &[NodeId], numbers: &[f64]) -> NodeId {
-    let def = lookup(name).unwrap_or_else(|| panic!("`{name}` is not in the library"));
-    (def.lower)(c, tensors, numbers).unwrap_or_else(|e| panic!("{name}: {e}"))
+    library_call(c, name, tensors, numbers)
 }
 
 /// The op applied elementwise to fixed inputs, against `expected(x)` in float64.
@@ -189,6 +176,82 @@ fn layer_norm_rejects_a_weight_that_only_broadcasts() {
 }
 
 #[test]
+fn mse_is_the_mean_of_squared_differences() {
+    let mut c = Case::new(9);
+    let a = c.input(Array::new(vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]));
+    let b = c.input(Array::new(vec![2, 2], vec![1.0, 0.0, 3.0, 1.0]));
+    let out = call(&mut c, "mse", &[a, b], &[]);
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    assert_eq!(values[out].shape, Vec::<usize>::new());
+    assert_eq!(values[out].data, vec![(4.0 + 9.0) / 4.0]);
+    check_grads(|c| {
+        let (a, b) = (c.random(&[3, 4]), c.random(&[3, 4]));
+        call(c, "mse", &[a, b], &[])
+    });
+}
+
+#[test]
+fn mse_rejects_shapes_that_only_broadcast() {
+    let mut c = Case::new(10);
+    let (a, b) = (c.random(&[4, 1]), c.random(&[4]));
+    let def = lookup("mse").unwrap();
+
+    let err = (def.lower)(&mut c, &[a, b], &[]).unwrap_err();
+
+    assert_eq!(err.arg, 1);
+    assert!(err.to_string().contains("[4, 1]"), "{err}");
+}
+
+#[test]
+fn cross_entropy_is_the_mean_negative_log_likelihood_of_the_labels() {
+    // Row 0: softmax [1/4, 3/4], label 1 -> -ln(3/4). Row 1: uniform over 2 -> ln 2.
+    // Row 2: logits of 1000 and -1000 must not overflow: loss 2000 for the unlikely label.
+    let mut c = Case::new(11);
+    let logits = c.input(Array::new(
+        vec![3, 2],
+        vec![0.0, 3f64.ln(), 1.0, 1.0, 1000.0, -1000.0],
+    ));
+    let labels = c.ints(&[3], &[1, 0, 1]);
+    let out = call(&mut c, "cross_entropy", &[logits, labels], &[]);
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    let want = (-(0.75f64.ln()) + 2f64.ln() + 2000.0) / 3.0;
+    assert!(
+        (values[out].data[0] - want).abs() < 1e-12,
+        "{:?} vs {want}",
+        values[out].data
+    );
+}
+
+#[test]
+fn cross_entropy_gradient_is_softmax_minus_onehot_over_n() {
+    let mut c = Case::new(12);
+    let logits = c.input(Array::new(vec![2, 2], vec![0.0, 3f64.ln(), 1.0, 1.0]));
+    let labels = c.ints(&[2], &[1, 0]);
+    let loss = call(&mut c, "cross_entropy", &[logits, labels], &[]);
+    let grads = rtx_ir::differentiate(&mut c.graph, loss, &[logits]).unwrap();
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    let got = &values[grads[0].grad.expect("logits have a gradient")].data;
+    for (g, want) in got.iter().zip([0.125, -0.125, -0.25, 0.25]) {
+        assert!((g - want).abs() < 1e-12, "{got:?}");
+    }
+    check_grads(|c| {
+        let logits = c.random(&[4, 5]);
+        let labels = c.ints(&[4], &[2, 0, 4, 2]);
+        call(c, "cross_entropy", &[logits, labels], &[])
+    });
+}
+
+#[test]
+fn cross_entropy_over_a_sequence_averages_every_position() {
+    // [B, T, C] logits with [B, T] labels, as a language model computes its loss.
+    check_grads(|c| {
+        let logits = c.random(&[2, 3, 4]);
+        let labels = c.ints(&[2, 3], &[0, 3, 1, 2, 2, 0]);
+        call(c, "cross_entropy", &[logits, labels], &[])
+    });
+}
+
+#[test]
 fn detach_passes_values_and_stops_gradients() {
     let mut c = Case::new(8);
     let x = c.input(Array::new(vec![3], vec![1.0, -2.0, 3.0]));
@@ -285,8 +348,9 @@ fn every_library_op_has_a_test_here() {
         "neg",
         "pow",
         "matmul",
-        "mse",
         // Compositions, tested above.
+        "mse",
+        "cross_entropy",
         "detach",
         "silu",
         "abs",

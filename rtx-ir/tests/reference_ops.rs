@@ -275,45 +275,25 @@ fn matmul_broadcasts_a_matrix_over_the_batch() {
 }
 
 #[test]
-fn cross_entropy_of_uniform_logits_is_ln_c() {
-    let logits = Array::zeros(vec![3, 5]);
-    let labels = arr(&[3], &[0.0, 4.0, 2.0]);
+fn pick_reads_one_element_of_each_last_axis_row() {
+    let x = arr(
+        &[2, 2, 3],
+        &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0],
+    );
+    let ids = arr(&[2, 2], &[2.0, 0.0, 1.0, 1.0]);
+    assert_close(&ok(Op::Pick, &[&x, &ids]), &[2, 2], &[2.0, 3.0, 7.0, 10.0]);
+}
+
+#[test]
+fn pick_grad_places_the_gradient_at_the_picked_positions() {
+    let x = Array::zeros(vec![2, 3]);
+    let ids = arr(&[2], &[1.0, 2.0]);
+    let g = arr(&[2], &[5.0, -1.0]);
     assert_close(
-        &ok(Op::CrossEntropy, &[&logits, &labels]),
-        &[],
-        &[5f64.ln()],
+        &ok(Op::PickGrad, &[&g, &ids, &x]),
+        &[2, 3],
+        &[0.0, 5.0, 0.0, 0.0, 0.0, -1.0],
     );
-}
-
-#[test]
-fn cross_entropy_takes_the_mean_over_rows() {
-    // Row 0: softmax [1/4, 3/4], label 1 -> -ln(3/4). Row 1: uniform over 2 -> ln 2.
-    let logits = arr(&[2, 2], &[0.0, 3f64.ln(), 1.0, 1.0]);
-    let labels = arr(&[2], &[1.0, 0.0]);
-    assert_close(
-        &ok(Op::CrossEntropy, &[&logits, &labels]),
-        &[],
-        &[(-(0.75f64.ln()) + 2f64.ln()) / 2.0],
-    );
-}
-
-#[test]
-fn cross_entropy_grad_is_softmax_minus_onehot_over_n() {
-    let logits = arr(&[2, 2], &[0.0, 3f64.ln(), 1.0, 1.0]);
-    let labels = arr(&[2], &[1.0, 0.0]);
-    let got = ok(
-        Op::CrossEntropyGrad,
-        &[&logits, &labels, &Array::scalar(4.0)],
-    );
-    // (softmax - onehot) * 4 / 2
-    assert_close(&got, &[2, 2], &[0.5, -0.5, -1.0, 1.0]);
-}
-
-#[test]
-fn mse_is_the_mean_of_squared_differences() {
-    let a = arr(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
-    let b = arr(&[2, 2], &[1.0, 0.0, 3.0, 1.0]);
-    assert_close(&ok(Op::Mse, &[&a, &b]), &[], &[(4.0 + 9.0) / 4.0]);
 }
 
 // --- convolution and pooling --------------------------------------------------------------
@@ -765,23 +745,17 @@ fn run_rejects_a_non_integer_label() {
 // --- errors, never panics -----------------------------------------------------------------
 
 #[test]
-fn cross_entropy_label_out_of_range_is_an_error() {
-    let logits = Array::zeros(vec![2, 3]);
+fn pick_index_out_of_range_is_an_error() {
+    let x = Array::zeros(vec![2, 3]);
     for bad in [3.0, -1.0, 1.5, f64::NAN] {
-        let labels = arr(&[2], &[0.0, bad]);
-        err_contains(eval(Op::CrossEntropy, &[&logits, &labels]), "out of range");
+        let ids = arr(&[2], &[0.0, bad]);
+        err_contains(eval(Op::Pick, &[&x, &ids]), "out of range");
         err_contains(
-            eval(
-                Op::CrossEntropyGrad,
-                &[&logits, &labels, &Array::scalar(1.0)],
-            ),
+            eval(Op::PickGrad, &[&arr(&[2], &[1.0, 1.0]), &ids, &x]),
             "out of range",
         );
     }
-    err_contains(
-        eval(Op::CrossEntropy, &[&logits, &arr(&[3], &[0.0; 3])]),
-        "labels",
-    );
+    err_contains(eval(Op::Pick, &[&x, &arr(&[3], &[0.0; 3])]), "one per row");
 }
 
 #[test]
@@ -850,7 +824,6 @@ fn shape_problems_are_errors() {
         ),
         "out of range",
     );
-    err_contains(eval(Op::Mse, &[&m23, &v3]), "same shape");
     err_contains(eval(Op::Concat { axis: 0 }, &[&m23, &v3]), "differs");
     let x = Array::zeros(vec![1, 2, 3, 3]);
     err_contains(
@@ -978,8 +951,7 @@ fn no_op_panics_on_arbitrary_arguments() {
             keepdim: false,
         },
         Op::MatMul,
-        Op::CrossEntropy,
-        Op::Mse,
+        Op::Pick,
         Op::Conv2d {
             stride: w2,
             padding: [1, 1],
@@ -1018,7 +990,7 @@ fn no_op_panics_on_arbitrary_arguments() {
             axes: vec![0],
             keepdim: true,
         },
-        Op::CrossEntropyGrad,
+        Op::PickGrad,
         Op::Conv2dGradInput {
             stride: w2,
             padding: [1, 1],

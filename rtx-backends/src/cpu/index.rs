@@ -1,4 +1,5 @@
-//! Kernels that move rows and blocks: concat, the narrow gradient, embedding gather/scatter.
+//! Kernels that move rows and blocks: concat, the narrow gradient, embedding gather/scatter,
+//! picking one element per row (labels) and its gradient.
 
 use std::borrow::Cow;
 
@@ -6,7 +7,8 @@ use rayon::prelude::*;
 
 use crate::layout::Layout;
 
-use super::strided::{PARALLEL_THRESHOLD, contiguous_cow, numel};
+use super::check::{self, KResult, KernelError};
+use super::strided::{PARALLEL_THRESHOLD, contiguous_cow, numel, position};
 
 /// Runs `fill(index, block)` over the `block_len`-sized blocks of `out`.
 fn for_each_block(
@@ -123,4 +125,59 @@ pub fn scatter_add_rows(g: &[f32], lg: &Layout, ids: &[i64], vocab: usize) -> Ve
         }
     });
     out
+}
+
+/// `out[r] = x[r, ids[r]]` over the rows `r` of `x [.., C]`'s last axis (PyTorch's `gather`
+/// along the last axis, squeezed): how `cross_entropy` reads each row's label.
+pub fn pick_last(x: &[f32], lx: &Layout, ids: &[i64]) -> KResult<Vec<f32>> {
+    const K: &str = "pick";
+    check::view(K, "x", x.len(), lx)?;
+    let Some((&classes, rows)) = lx.shape.split_last() else {
+        return Err(KernelError::Shapes {
+            kernel: K,
+            detail: "the values are a scalar; there is no axis to pick from".into(),
+        });
+    };
+    check::shapes(K, numel(rows) == ids.len(), || {
+        format!(
+            "{} indices for {} rows of {:?}",
+            ids.len(),
+            numel(rows),
+            &lx.shape[..]
+        )
+    })?;
+    check::indices(K, ids, classes)?;
+    let mut out = crate::pool::take(ids.len());
+    let last_stride = lx.strides.last().copied().unwrap_or(0);
+    for (r, (o, &id)) in out.iter_mut().zip(ids).enumerate() {
+        let row = lx.offset + position(r * classes, &lx.shape, &lx.strides);
+        *o = x[row + id as usize * last_stride];
+    }
+    Ok(out)
+}
+
+/// Backward of [`pick_last`]: zeros of `x_shape` with `g[r]` at `[r, ids[r]]`.
+pub fn pick_last_grad(g: &[f32], lg: &Layout, ids: &[i64], x_shape: &[usize]) -> KResult<Vec<f32>> {
+    const K: &str = "pick_grad";
+    check::view(K, "g", g.len(), lg)?;
+    let Some((&classes, rows)) = x_shape.split_last() else {
+        return Err(KernelError::Shapes {
+            kernel: K,
+            detail: "the values are a scalar; there is no axis to pick from".into(),
+        });
+    };
+    check::shapes(K, lg.shape[..] == *rows && ids.len() == numel(rows), || {
+        format!(
+            "gradient {:?} and {} indices for the rows of {x_shape:?}",
+            &lg.shape[..],
+            ids.len()
+        )
+    })?;
+    check::indices(K, ids, classes)?;
+    let mut out = crate::pool::take_zeroed(check::elements(K, x_shape)?);
+    let g = contiguous_cow(g, lg);
+    for (r, (&v, &id)) in g.iter().zip(ids).enumerate() {
+        out[r * classes + id as usize] = v;
+    }
+    Ok(out)
 }

@@ -7,15 +7,15 @@
 //! Determinism: no kernel splits work by thread count and no kernel uses atomics. Each output
 //! element is produced by one task that sums its terms in a fixed order; where a single output
 //! needs more than one task (very long reductions), the pieces have a fixed size and are combined
-//! in piece order. Long reductions over a tensor axis (reduce, softmax, cross-entropy) accumulate
+//! in piece order. Long reductions over a tensor axis accumulate
 //! in f64; matmul and convolution accumulate in f32 like a BLAS would.
 
+mod check;
 mod conv;
 mod elementwise;
 mod fused;
 mod gemm;
 mod index;
-mod loss;
 mod pool;
 mod random;
 mod reduce;
@@ -25,13 +25,13 @@ mod strided;
 mod window;
 
 pub use crate::layout::Layout;
+pub use check::KernelError;
 pub use conv::{conv2d, conv2d_grad_input, conv2d_grad_weight};
 pub use elementwise::{BinaryOp, UnaryOp, binary, broadcast_shape, unary};
 pub use fused::map_fused;
 pub use gemm::bf16::{Bf16Kernel, bf16_kernels, matmul_bf16, matmul_bf16_with};
 pub use gemm::{GemmKernel, gemm_kernel, gemm_kernels, matmul, matmul_fused, matmul_with};
-pub use index::{concat, gather_rows, pad_narrow, scatter_add_rows};
-pub use loss::{LabelOutOfRange, cross_entropy, cross_entropy_grad};
+pub use index::{concat, gather_rows, pad_narrow, pick_last, pick_last_grad, scatter_add_rows};
 pub use pool::{avg_pool2d, avg_pool2d_grad, max_pool2d, max_pool2d_grad};
 pub use random::dropout_mask;
 pub use reduce::{ReduceOp, max_grad, reduce, sum_to};

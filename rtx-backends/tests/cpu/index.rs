@@ -1,5 +1,7 @@
 use rtx_backends::Layout;
-use rtx_backends::cpu::{concat, gather_rows, pad_narrow, scatter_add_rows};
+use rtx_backends::cpu::{
+    KernelError, concat, gather_rows, pad_narrow, pick_last, pick_last_grad, scatter_add_rows,
+};
 
 use crate::common::*;
 
@@ -118,4 +120,65 @@ fn scatter_add_rows_sums_repeated_ids() {
             &format!("{count} ids"),
         );
     }
+}
+
+#[test]
+fn pick_last_reads_each_rows_index_through_any_view() {
+    let mut rng = Rng::new(74);
+    for view in [View::Contiguous, View::Reversed, View::Narrowed] {
+        let (x, l) = random_view(&mut rng, &[3, 2, 5], view);
+        let ids: Vec<i64> = (0..6).map(|_| rng.below(5) as i64).collect();
+        let got = pick_last(&x, &l, &ids).unwrap();
+        let values = read(&x, &l);
+        let want: Vec<f64> = ids
+            .iter()
+            .enumerate()
+            .map(|(r, &j)| values[r * 5 + j as usize])
+            .collect();
+        assert_close(&got, &want, 0.0, 0.0, "pick_last");
+    }
+}
+
+#[test]
+fn pick_last_grad_places_each_value_at_its_index() {
+    let g = [1.5f32, -2.0, 3.0];
+    let got = pick_last_grad(&g, &Layout::contiguous(&[3]), &[2, 0, 2], &[3, 4]).unwrap();
+    let want = [0.0, 0.0, 1.5, 0.0, -2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0, 0.0];
+    assert_eq!(got, want);
+}
+
+#[test]
+fn pick_last_refuses_an_index_outside_the_row() {
+    let x = vec![0.0f32; 6];
+    let l = Layout::contiguous(&[2, 3]);
+    for bad in [3, -1] {
+        let err = pick_last(&x, &l, &[0, bad]).unwrap_err();
+        assert_eq!(
+            err,
+            KernelError::Index {
+                kernel: "pick",
+                position: 1,
+                value: bad,
+                limit: 3
+            }
+        );
+        assert!(
+            pick_last_grad(&[1.0, 1.0], &Layout::contiguous(&[2]), &[0, bad], &[2, 3]).is_err()
+        );
+    }
+}
+
+#[test]
+fn kernels_refuse_a_layout_that_reads_past_its_buffer() {
+    let x = vec![0.0f32; 5];
+    let err = pick_last(&x, &Layout::contiguous(&[2, 3]), &[0, 0]).unwrap_err();
+    assert!(matches!(err, KernelError::View { arg: "x", .. }), "{err}");
+    assert!(err.to_string().contains("5 values"), "{err}");
+}
+
+#[test]
+fn pick_last_refuses_a_count_of_indices_that_is_not_one_per_row() {
+    let x = vec![0.0f32; 6];
+    let err = pick_last(&x, &Layout::contiguous(&[2, 3]), &[0]).unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
 }

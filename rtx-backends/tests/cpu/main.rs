@@ -8,7 +8,6 @@ mod determinism;
 mod elementwise;
 mod fused;
 mod index;
-mod loss;
 mod matmul;
 mod matmul_bf16;
 mod pool;

@@ -289,3 +289,26 @@ pub fn listing(graph: &Graph, forward_len: usize) -> String {
 }
 
 // --- elementwise, one argument ------------------------------------------------------------
+
+/// Library ops lower into a test case like into the macro's graph.
+impl rtx_ir::library::Emit for Case {
+    fn op(&mut self, op: Op, args: &[NodeId]) -> Result<NodeId, rtx_ir::ShapeError> {
+        self.graph.push(op, args, &mut self.u)
+    }
+    fn constant(&mut self, value: f64) -> NodeId {
+        Case::op(self, Op::Const { value }, &[])
+    }
+    fn shape(&self, value: NodeId) -> &rtx_ir::Shape {
+        &self.graph.node(value).shape
+    }
+    fn same_shape(&mut self, expected: &rtx_ir::Shape, found: &rtx_ir::Shape) -> bool {
+        self.u.same_shape(expected, found)
+    }
+}
+
+/// `name(tensors.., numbers..)` from the library, lowered into `c`.
+pub fn library_call(c: &mut Case, name: &str, tensors: &[NodeId], numbers: &[f64]) -> NodeId {
+    let def =
+        rtx_ir::library::lookup(name).unwrap_or_else(|| panic!("`{name}` is not in the library"));
+    (def.lower)(c, tensors, numbers).unwrap_or_else(|e| panic!("{name}: {e}"))
+}

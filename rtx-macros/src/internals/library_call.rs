@@ -32,6 +32,13 @@ impl Emit for Builder<'_, '_> {
     fn shape(&self, value: NodeId) -> &Shape {
         &self.lw.graph.node(value).shape
     }
+
+    fn same_shape(&mut self, expected: &Shape, found: &Shape) -> bool {
+        let before = self.lw.u.obligations.len();
+        let same = self.lw.u.same_shape(expected, found);
+        self.lw.defer_obligations(before, &self.whole);
+        same
+    }
 }
 
 impl Lowerer<'_> {
@@ -74,12 +81,15 @@ impl Lowerer<'_> {
         match lowered {
             Ok(id) => Some(id),
             Err(err) => {
-                // Underline the user's argument when the value at fault is one of them, else
-                // the whole call.
-                let at = culprit
-                    .and_then(|c| tensors.iter().position(|&t| t == c))
-                    .and_then(|i| arg_tokens.get(i).copied())
-                    .unwrap_or(whole);
+                // Underline the user's argument when the value at fault is one of them (a
+                // core op's culprit, or the argument a lowering's own check names), else the
+                // whole call.
+                let at = match culprit {
+                    Some(c) => tensors.iter().position(|&t| t == c),
+                    None => Some(err.arg),
+                }
+                .and_then(|i| arg_tokens.get(i).copied())
+                .unwrap_or(whole);
                 self.cx
                     .error_spanned_by(at.to_token_stream(), message(&callsite, &err));
                 None

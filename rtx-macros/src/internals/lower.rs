@@ -120,6 +120,13 @@ impl<'a> Lowerer<'a> {
     ) -> Result<NodeId, ShapeError> {
         let before = self.u.obligations.len();
         let id = self.graph.push_shared(op, args, &mut self.u)?;
+        self.defer_obligations(before, whole);
+        Ok(id)
+    }
+
+    /// Moves the unifier's obligations from `before` on to the ones rustc checks, spanned at
+    /// `whole`.
+    pub(super) fn defer_obligations(&mut self, before: usize, whole: &dyn ToTokens) {
         let new: Vec<(Dim, Dim)> = self.u.obligations.drain(before..).collect();
         for (a, b) in new {
             self.obligations.push(Obligation {
@@ -128,7 +135,6 @@ impl<'a> Lowerer<'a> {
                 tokens: whole.to_token_stream(),
             });
         }
-        Ok(id)
     }
 
     pub(super) fn konst(&mut self, v: f64) -> NodeId {
@@ -887,6 +893,25 @@ impl<'a> Lowerer<'a> {
         Some(if v < 0 { (v + r) as usize } else { v as usize })
     }
 
+    /// Float labels in `cross_entropy` get their own message: the fix is in the signature.
+    fn check_labels_dtype(&mut self, labels: NodeId, arg: &syn::Expr) -> Option<()> {
+        if self.graph.node(labels).dtype == DType::I64 {
+            return Some(());
+        }
+        let ys = fmt_shape(self.shape(labels));
+        let decl = match arg {
+            syn::Expr::Path(p) if p.path.get_ident().is_some() => {
+                format!("`{}: i64{ys}`", p.to_token_stream())
+            }
+            _ => format!("`y: i64{ys}`"),
+        };
+        self.cx.error_spanned_by(
+            arg,
+            format!("dtype mismatch in `cross_entropy(..)`: the labels must be integer class indices (i64), found a float tensor of shape {ys}\n\n= help: declare the labels as integers in the signature, e.g. {decl}"),
+        );
+        None
+    }
+
     fn lower_call(&mut self, sc: &mut Scope, c: &syn::ExprCall, e: &syn::Expr) -> Option<NodeId> {
         let syn::Expr::Path(fp) = &*c.func else {
             self.cx.error_spanned_by(&c.func, "expected an op name");
@@ -919,6 +944,9 @@ impl<'a> Lowerer<'a> {
             let tensors: Vec<Option<NodeId>> =
                 a[..nt].iter().map(|x| self.lower_expr(sc, x)).collect();
             let tensors: Vec<NodeId> = tensors.into_iter().collect::<Option<_>>()?;
+            if def.name == "cross_entropy" {
+                self.check_labels_dtype(tensors[1], a[1])?;
+            }
             let mut numbers = Vec::with_capacity(nn);
             for x in &a[nt..] {
                 let Some(v) = literal(x) else {
@@ -937,30 +965,6 @@ impl<'a> Lowerer<'a> {
             return self.library_call(def, &tensors, &numbers, e, &toks);
         }
         match name.as_str() {
-            "cross_entropy" => {
-                if !nargs(self, 2, 2, "two arguments") {
-                    return None;
-                }
-                let x = self.lower_expr(sc, a[0]);
-                let y = self.lower_expr(sc, a[1]);
-                if let Some(y) = y
-                    && self.graph.node(y).dtype != DType::I64
-                {
-                    let ys = fmt_shape(self.shape(y));
-                    let decl = match a[1] {
-                        syn::Expr::Path(p) if p.path.get_ident().is_some() => {
-                            format!("`{}: i64{ys}`", p.to_token_stream())
-                        }
-                        _ => format!("`y: i64{ys}`"),
-                    };
-                    self.cx.error_spanned_by(
-                            a[1],
-                            format!("dtype mismatch in `cross_entropy(..)`: the labels must be integer class indices (i64), found a float tensor of shape {ys}\n\n= help: declare the labels as integers in the signature, e.g. {decl}"),
-                        );
-                    return None;
-                }
-                self.push(Op::CrossEntropy, &[x?, y?], &callsite, e, &toks)
-            }
             "softmax" | "log_softmax" => {
                 if !nargs(self, 2, 2, "(x, axis)") {
                     return None;
@@ -1211,7 +1215,6 @@ const BUILTIN_OPS: &[&str] = &[
     "max",
     "softmax",
     "log_softmax",
-    "cross_entropy",
     "reshape",
     "flatten",
     "transpose",
