@@ -310,5 +310,6 @@ impl rtx_ir::library::Emit for Case {
 pub fn library_call(c: &mut Case, name: &str, tensors: &[NodeId], numbers: &[f64]) -> NodeId {
     let def =
         rtx_ir::library::lookup(name).unwrap_or_else(|| panic!("`{name}` is not in the library"));
-    (def.lower)(c, tensors, numbers).unwrap_or_else(|e| panic!("{name}: {e}"))
+    (def.lower)(c, &rtx_ir::library::Args::new(tensors, numbers))
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
 }

@@ -5,7 +5,7 @@
 use super::lower::{Lowerer, message};
 use proc_macro2::TokenStream;
 use quote::ToTokens;
-use rtx_ir::library::{Emit, LibraryOp};
+use rtx_ir::library::{Args, Emit, LibraryOp};
 use rtx_ir::{NodeId, Op, Shape, ShapeError};
 
 /// The lowering's view of the graph under construction.
@@ -14,6 +14,8 @@ struct Builder<'l, 'a> {
     whole: TokenStream,
     /// The value at fault in the last failed op, to point at the user's argument holding it.
     culprit: Option<NodeId>,
+    /// The parameter the lowering named as at fault (`Emit::blame`); wins over `culprit`.
+    blamed: Option<usize>,
 }
 
 impl Emit for Builder<'_, '_> {
@@ -39,89 +41,49 @@ impl Emit for Builder<'_, '_> {
         self.lw.defer_obligations(before, &self.whole);
         same
     }
+
+    fn blame(&mut self, param: usize) {
+        self.blamed = Some(param);
+    }
 }
 
 impl Lowerer<'_> {
-    /// `def(tensors.., numbers..)`: `numbers` holds what the user wrote for the trailing number
-    /// arguments (`None` where omitted); `arg_tokens` spans each argument for errors.
+    /// Lowers `def` on parsed arguments. `param_tokens[i]` spans the user's argument `i` (the
+    /// whole call where it was left out) and `value_tokens` spans every tensor the user passed,
+    /// list elements included, so an error points at the argument at fault.
     pub(super) fn library_call(
         &mut self,
         def: &LibraryOp,
-        tensors: &[NodeId],
-        numbers: &[Option<f64>],
+        args: &Args,
         whole: &dyn ToTokens,
-        arg_tokens: &[&dyn ToTokens],
+        param_tokens: &[TokenStream],
+        value_tokens: &[(NodeId, TokenStream)],
     ) -> Option<NodeId> {
         let callsite = format!("{}(..)", def.name);
-        let mut values = Vec::with_capacity(def.numbers.len());
-        for (i, (name, default)) in def.numbers.iter().enumerate() {
-            match numbers.get(i).copied().flatten().or(*default) {
-                Some(v) => values.push(v),
-                None => {
-                    self.cx.error_spanned_by(
-                        whole,
-                        format!(
-                            "`{}` needs its `{name}` argument, a number literal\n\n= help: the form is `{}`",
-                            def.name,
-                            def.signature()
-                        ),
-                    );
-                    return None;
-                }
-            }
-        }
-        let whole_tokens = whole.to_token_stream();
         let mut b = Builder {
             lw: self,
-            whole: whole_tokens,
+            whole: whole.to_token_stream(),
             culprit: None,
+            blamed: None,
         };
-        let lowered = (def.lower)(&mut b, tensors, &values);
-        let culprit = b.culprit;
+        let lowered = (def.lower)(&mut b, args);
+        let (culprit, blamed) = (b.culprit, b.blamed);
         match lowered {
             Ok(id) => Some(id),
             Err(err) => {
-                // Underline the user's argument when the value at fault is one of them (a
-                // core op's culprit, or the argument a lowering's own check names), else the
-                // whole call.
-                let at = match culprit {
-                    Some(c) => tensors.iter().position(|&t| t == c),
-                    None => Some(err.arg),
+                // The parameter the lowering blamed, else the user's value that a failing core
+                // op named, else the parameter the lowering's own check names; the whole call
+                // when none of them is something the user wrote.
+                let at = match (blamed, culprit) {
+                    (Some(param), _) => param_tokens.get(param).cloned(),
+                    (None, Some(c)) => value_tokens
+                        .iter()
+                        .find(|(v, _)| *v == c)
+                        .map(|(_, t)| t.clone()),
+                    (None, None) => param_tokens.get(err.arg).cloned(),
                 }
-                .and_then(|i| arg_tokens.get(i).copied())
-                .unwrap_or(whole);
-                self.cx
-                    .error_spanned_by(at.to_token_stream(), message(&callsite, &err));
-                None
-            }
-        }
-    }
-
-    /// `softmax(x, axis)` or `log_softmax(x, axis)`, whose axis the caller parsed: lowered by
-    /// `rtx_ir::library::softmax`, the one definition of both.
-    pub(super) fn library_softmax(
-        &mut self,
-        x: NodeId,
-        axis: usize,
-        log: bool,
-        whole: &dyn ToTokens,
-    ) -> Option<NodeId> {
-        let callsite = if log {
-            "log_softmax(..)"
-        } else {
-            "softmax(..)"
-        };
-        let whole_tokens = whole.to_token_stream();
-        let mut b = Builder {
-            lw: self,
-            whole: whole_tokens.clone(),
-            culprit: None,
-        };
-        match rtx_ir::library::softmax(&mut b, x, axis, log) {
-            Ok(id) => Some(id),
-            Err(err) => {
-                self.cx
-                    .error_spanned_by(whole_tokens, message(callsite, &err));
+                .unwrap_or_else(|| whole.to_token_stream());
+                self.cx.error_spanned_by(at, message(&callsite, &err));
                 None
             }
         }

@@ -14,6 +14,7 @@ use super::ast::{ElemType, FieldKind, GraphDef, GraphFnDef, ModelStruct, dim_fro
 use super::ctxt::Ctxt;
 use proc_macro2::TokenStream;
 use quote::{ToTokens, quote};
+use rtx_ir::library::{Arg, Args, LibraryOp, Param};
 use rtx_ir::{
     Cmp, DType, Dim, Graph, NodeId, Op, Shape, ShapeError, ShapeErrorKind, Unifier, fmt_shape,
 };
@@ -912,6 +913,141 @@ impl<'a> Lowerer<'a> {
         None
     }
 
+    /// Parses a library op's arguments by the kinds of its parameters. Axes are resolved
+    /// against the first tensor (or the first tensor of the list). Returns the arguments and
+    /// the span of every tensor the user passed.
+    fn library_args(
+        &mut self,
+        sc: &mut Scope,
+        def: &LibraryOp,
+        a: &[&syn::Expr],
+        whole: &syn::Expr,
+    ) -> Option<(Args, Vec<(NodeId, TokenStream)>)> {
+        let mut args = Vec::with_capacity(def.params.len());
+        let mut value_tokens = Vec::new();
+        let mut axes_of: Option<Shape> = None;
+        let op = def.name;
+        for (i, param) in def.params.iter().enumerate() {
+            let x = a.get(i).copied();
+            let what = format!("{op} {}", param.name().replace('_', " "));
+            let arg = match (*param, x) {
+                (Param::Tensor(_), Some(x)) => {
+                    let v = self.lower_expr(sc, x)?;
+                    axes_of.get_or_insert_with(|| self.shape(v).clone());
+                    value_tokens.push((v, x.to_token_stream()));
+                    Arg::Tensor(v)
+                }
+                (Param::Tensors(_), Some(x)) => {
+                    let syn::Expr::Array(list) = x else {
+                        self.cx.error_spanned_by(
+                            x,
+                            format!("`{op}` takes a list of tensors here, e.g. `{op}([a, b], 1)`"),
+                        );
+                        return None;
+                    };
+                    let mut parts = Vec::with_capacity(list.elems.len());
+                    for el in &list.elems {
+                        let v = self.lower_expr(sc, el)?;
+                        value_tokens.push((v, el.to_token_stream()));
+                        parts.push(v);
+                    }
+                    if let Some(&first) = parts.first() {
+                        axes_of.get_or_insert_with(|| self.shape(first).clone());
+                    }
+                    Arg::Tensors(parts)
+                }
+                (Param::Number(_, _), Some(x)) => match literal(x) {
+                    Some(v) => Arg::Number(v),
+                    None => {
+                        self.cx.error_spanned_by(
+                            x,
+                            format!(
+                                "this argument of `{op}` must be a number literal\n\n= help: the form is `{}`",
+                                def.signature()
+                            ),
+                        );
+                        return None;
+                    }
+                },
+                (Param::Number(_, Some(default)), None) => Arg::Number(default),
+                (Param::Size(name, _), Some(x)) => match int_literal(x) {
+                    Some(v) if v >= 0 => Arg::Size(Some(v as usize)),
+                    _ => {
+                        self.cx.error_spanned_by(
+                            x,
+                            format!(
+                                "the `{name}` of `{op}` must be a non-negative integer literal"
+                            ),
+                        );
+                        return None;
+                    }
+                },
+                (Param::Size(_, false), None) => Arg::Size(None),
+                (Param::Axis(..), Some(x)) => {
+                    let shape = axes_of.clone().unwrap_or_default();
+                    Arg::Axes(Some(vec![self.axis_arg(x, &shape, &what)?]))
+                }
+                (Param::Axes(..), Some(x)) => {
+                    let shape = axes_of.clone().unwrap_or_default();
+                    let mut axes = Vec::new();
+                    match x {
+                        syn::Expr::Array(list) => {
+                            for el in &list.elems {
+                                axes.push(self.axis_arg(el, &shape, &what)?);
+                            }
+                        }
+                        single => axes.push(self.axis_arg(single, &shape, &what)?),
+                    }
+                    Arg::Axes(Some(axes))
+                }
+                (Param::Axis(_, false) | Param::Axes(_, false), None) => Arg::Axes(None),
+                (Param::Flag(_), Some(k)) => match k.to_token_stream().to_string().as_str() {
+                    "keepdim" | "true" => Arg::Flag(true),
+                    "false" => Arg::Flag(false),
+                    _ => {
+                        self.cx
+                            .error_spanned_by(k, "expected `keepdim`, `true` or `false`");
+                        return None;
+                    }
+                },
+                (Param::Flag(_), None) => Arg::Flag(false),
+                (Param::Dims(_), Some(x)) => {
+                    let syn::Expr::Array(list) = x else {
+                        self.cx.error_spanned_by(
+                            x,
+                            format!("the target shape of `{op}` is a list of dimensions, e.g. `[B, 8, 8]`"),
+                        );
+                        return None;
+                    };
+                    let mut shape = Vec::with_capacity(list.elems.len());
+                    for el in &list.elems {
+                        match dim_from_expr(el, &sc.symbols, &sc.model.const_params, &sc.env) {
+                            Ok(d) => shape.push(d),
+                            Err(err) => {
+                                self.cx.syn_error(err);
+                                return None;
+                            }
+                        }
+                    }
+                    Arg::Dims(shape)
+                }
+                (p, None) => {
+                    self.cx.error_spanned_by(
+                        whole,
+                        format!(
+                            "`{op}` needs its `{}` argument\n\n= help: the form is `{}`",
+                            p.name(),
+                            def.signature()
+                        ),
+                    );
+                    return None;
+                }
+            };
+            args.push(arg);
+        }
+        Some((Args(args), value_tokens))
+    }
+
     fn lower_call(&mut self, sc: &mut Scope, c: &syn::ExprCall, e: &syn::Expr) -> Option<NodeId> {
         let syn::Expr::Path(fp) = &*c.func else {
             self.cx.error_spanned_by(&c.func, "expected an op name");
@@ -922,315 +1058,49 @@ impl<'a> Lowerer<'a> {
             .get_ident()
             .map(|i| syn::ext::IdentExt::unraw(i).to_string())
             .unwrap_or_else(|| fp.path.to_token_stream().to_string());
-        let callsite = format!("{name}(..)");
         let a: Vec<&syn::Expr> = c.args.iter().collect();
-        let toks: Vec<&dyn ToTokens> = a.iter().map(|x| *x as &dyn ToTokens).collect();
-        let nargs = |me: &Self, lo: usize, hi: usize, form: &str| -> bool {
-            if a.len() < lo || a.len() > hi {
-                me.cx.error_spanned_by(
-                    e,
-                    format!("`{name}` takes {form}, found {} argument(s)", a.len()),
-                );
-                return false;
-            }
-            true
-        };
         if let Some(def) = rtx_ir::library::lookup(&name) {
-            let (nt, nn) = (def.tensors.len(), def.numbers.len());
-            let required = nt + def.numbers.iter().filter(|(_, d)| d.is_none()).count();
-            if !nargs(self, required, nt + nn, &format!("`{}`", def.signature())) {
-                return None;
-            }
-            let tensors: Vec<Option<NodeId>> =
-                a[..nt].iter().map(|x| self.lower_expr(sc, x)).collect();
-            let tensors: Vec<NodeId> = tensors.into_iter().collect::<Option<_>>()?;
-            if def.name == "cross_entropy" {
-                self.check_labels_dtype(tensors[1], a[1])?;
-            }
-            let mut numbers = Vec::with_capacity(nn);
-            for x in &a[nt..] {
-                let Some(v) = literal(x) else {
-                    self.cx.error_spanned_by(
-                        *x,
-                        format!(
-                            "this argument of `{}` must be a number literal\n\n= help: the form is `{}`",
-                            def.name,
-                            def.signature()
-                        ),
-                    );
-                    return None;
-                };
-                numbers.push(Some(v));
-            }
-            return self.library_call(def, &tensors, &numbers, e, &toks);
-        }
-        match name.as_str() {
-            "softmax" | "log_softmax" => {
-                if !nargs(self, 2, 2, "(x, axis)") {
-                    return None;
-                }
-                let x = self.lower_expr(sc, a[0])?;
-                let axis = self.axis_arg(a[1], &self.shape(x).clone(), "softmax axis")?;
-                self.library_softmax(x, axis, name == "log_softmax", e)
-            }
-            "sum" | "mean" | "max" => {
-                if !nargs(
-                    self,
-                    1,
-                    3,
-                    "(x), (x, axis), (x, [axes]) or (x, axes, keepdim)",
-                ) {
-                    return None;
-                }
-                let x = self.lower_expr(sc, a[0])?;
-                let xs = self.shape(x).clone();
-                let rank = xs.len();
-                let mut axes = Vec::new();
-                match a.get(1) {
-                    None => axes = (0..rank).collect(),
-                    Some(syn::Expr::Array(arr)) => {
-                        for el in &arr.elems {
-                            axes.push(self.axis_arg(el, &xs, &format!("{name} axis"))?);
-                        }
-                    }
-                    Some(ax) => axes.push(self.axis_arg(ax, &xs, &format!("{name} axis"))?),
-                }
-                axes.sort_unstable();
-                axes.dedup();
-                let keepdim = match a.get(2) {
-                    None => false,
-                    Some(k) => match k.to_token_stream().to_string().as_str() {
-                        "keepdim" | "true" => true,
-                        "false" => false,
-                        _ => {
-                            self.cx
-                                .error_spanned_by(k, "expected `keepdim`, `true` or `false`");
-                            return None;
-                        }
-                    },
-                };
-                let op = match name.as_str() {
-                    "sum" => Op::Sum { axes, keepdim },
-                    "mean" => Op::Mean { axes, keepdim },
-                    _ => Op::Max { axes, keepdim },
-                };
-                self.push(op, &[x], &callsite, e, &toks)
-            }
-            "reshape" => {
-                if !nargs(self, 2, 2, "(x, [dims])") {
-                    return None;
-                }
-                let x = self.lower_expr(sc, a[0])?;
-                let syn::Expr::Array(arr) = a[1] else {
-                    self.cx.error_spanned_by(
-                        a[1],
-                        "the target shape of `reshape` is a list of dimensions, e.g. `[B, 8, 8]`",
-                    );
-                    return None;
-                };
-                let mut shape = Vec::new();
-                for el in &arr.elems {
-                    match dim_from_expr(el, &sc.symbols, &sc.model.const_params, &sc.env) {
-                        Ok(d) => shape.push(d),
-                        Err(err) => {
-                            self.cx.syn_error(err);
-                            return None;
-                        }
-                    }
-                }
-                self.push(Op::Reshape { shape }, &[x], &callsite, e, &[a[1], a[1]])
-            }
-            "flatten" => {
-                if !nargs(self, 1, 2, "(x) or (x, start_axis)") {
-                    return None;
-                }
-                let x = self.lower_expr(sc, a[0])?;
-                let xs = self.shape(x).clone();
-                let start = match a.get(1) {
-                    Some(s) => self.axis_arg(s, &xs, "flatten start axis")?,
-                    None => 1.min(xs.len()),
-                };
-                let mut shape: Shape = xs[..start].to_vec();
-                shape.push(xs[start..].iter().fold(Dim::known(1), |acc, d| acc.mul(d)));
-                self.push(Op::Reshape { shape }, &[x], &callsite, e, &toks)
-            }
-            "transpose" | "permute" => {
-                let x = self.lower_expr(sc, a.first().copied()?)?;
-                let xs = self.shape(x).clone();
-                let rank = xs.len();
-                let perm = if name == "transpose" {
-                    if !nargs(self, 3, 3, "(x, axis_a, axis_b)") {
-                        return None;
-                    }
-                    let (i, j) = (
-                        self.axis_arg(a[1], &xs, "transpose axis")?,
-                        self.axis_arg(a[2], &xs, "transpose axis")?,
-                    );
-                    let mut p: Vec<usize> = (0..rank).collect();
-                    p.swap(i, j);
-                    p
-                } else {
-                    if !nargs(self, 2, 2, "(x, [axes])") {
-                        return None;
-                    }
-                    let syn::Expr::Array(arr) = a[1] else {
-                        self.cx.error_spanned_by(
-                            a[1],
-                            "the permutation is a list of axes, e.g. `[0, 2, 1]`",
-                        );
-                        return None;
-                    };
-                    let mut p = Vec::new();
-                    for el in &arr.elems {
-                        p.push(self.axis_arg(el, &xs, "permute axis")?);
-                    }
-                    p
-                };
-                self.push(Op::Permute { perm }, &[x], &callsite, e, &[a[1], a[1]])
-            }
-            "concat" => {
-                if !nargs(self, 2, 2, "([a, b, ..], axis)") {
-                    return None;
-                }
-                let syn::Expr::Array(arr) = a[0] else {
-                    self.cx.error_spanned_by(
-                        a[0],
-                        "`concat` takes a list of tensors, e.g. `concat([a, b], 1)`",
-                    );
-                    return None;
-                };
-                let parts: Vec<Option<NodeId>> =
-                    arr.elems.iter().map(|el| self.lower_expr(sc, el)).collect();
-                let parts: Vec<NodeId> = parts.into_iter().collect::<Option<_>>()?;
-                let first: Shape = parts
-                    .first()
-                    .map(|&p| self.shape(p).clone())
-                    .unwrap_or_default();
-                let axis = self.axis_arg(a[1], &first, "concat axis")?;
-                let el_toks: Vec<&dyn ToTokens> =
-                    arr.elems.iter().map(|x| x as &dyn ToTokens).collect();
-                self.push(Op::Concat { axis }, &parts, &callsite, e, &el_toks)
-            }
-            "narrow" => {
-                if !nargs(self, 4, 4, "(x, axis, start, len)") {
-                    return None;
-                }
-                let x = self.lower_expr(sc, a[0])?;
-                let axis = self.axis_arg(a[1], &self.shape(x).clone(), "narrow axis")?;
-                let (Some(start), Some(len)) = (int_literal(a[2]), int_literal(a[3])) else {
-                    self.cx.error_spanned_by(
-                        e,
-                        "the start and length of `narrow` must be integer literals",
-                    );
-                    return None;
-                };
-                if start < 0 || len < 1 {
-                    self.cx
-                        .error_spanned_by(e, "`narrow` needs start >= 0 and len >= 1");
-                    return None;
-                }
-                self.push(
-                    Op::Narrow {
-                        axis,
-                        start: start as usize,
-                        len: len as usize,
-                    },
-                    &[x],
-                    &callsite,
-                    e,
-                    &toks,
-                )
-            }
-            "max_pool2d" | "avg_pool2d" => {
-                if !nargs(self, 2, 4, "(x, kernel[, stride[, padding]])") {
-                    return None;
-                }
-                let x = self.lower_expr(sc, a[0])?;
-                let mut vals = Vec::new();
-                for v in &a[1..] {
-                    match int_literal(v) {
-                        Some(n) if n >= 0 => vals.push(n as usize),
-                        _ => {
-                            self.cx.error_spanned_by(
-                                *v,
-                                "pooling sizes must be non-negative integer literals",
-                            );
-                            return None;
-                        }
-                    }
-                }
-                let k = vals[0];
-                let s = vals.get(1).copied().unwrap_or(k);
-                let p = vals.get(2).copied().unwrap_or(0);
-                let (kernel, stride, padding) = ([k; 2], [s; 2], [p; 2]);
-                let op = if name == "max_pool2d" {
-                    Op::MaxPool2d {
-                        kernel,
-                        stride,
-                        padding,
-                    }
-                } else {
-                    Op::AvgPool2d {
-                        kernel,
-                        stride,
-                        padding,
-                    }
-                };
-                self.push(op, &[x], &callsite, e, &toks)
-            }
-            "dropout" => {
-                if !nargs(self, 2, 2, "(x, p)") {
-                    return None;
-                }
-                let x = self.lower_expr(sc, a[0])?;
-                let Some(p) = literal(a[1]) else {
-                    self.cx
-                        .error_spanned_by(a[1], "the dropout probability must be a number literal");
-                    return None;
-                };
-                let mask = self.push(Op::DropoutMask { p }, &[x], &callsite, e, &[a[1]])?;
-                self.push(Op::Mul, &[x, mask], &callsite, e, &toks)
-            }
-            _ => {
-                let help = suggest(&name)
-                    .map(|s| format!("did you mean `{s}`? "))
-                    .unwrap_or_default();
+            let required = def.params.iter().filter(|p| p.required()).count();
+            if a.len() < required || a.len() > def.params.len() {
                 self.cx.error_spanned_by(
-                    &c.func,
+                    e,
                     format!(
-                        "unknown op `{name}` in graph!\n\n= help: {help}{}",
-                        ops_help()
+                        "`{name}` takes `{}`, found {} argument(s)",
+                        def.signature(),
+                        a.len()
                     ),
                 );
-                None
+                return None;
             }
+            let (args, value_tokens) = self.library_args(sc, def, &a, e)?;
+            if def.name == "cross_entropy" {
+                self.check_labels_dtype(args.tensor(1).ok()?, a[1])?;
+            }
+            let param_tokens: Vec<TokenStream> = (0..def.params.len())
+                .map(|i| match a.get(i) {
+                    Some(x) => x.to_token_stream(),
+                    None => e.to_token_stream(),
+                })
+                .collect();
+            return self.library_call(def, &args, e, &param_tokens, &value_tokens);
         }
+        let help = suggest(&name)
+            .map(|s| format!("did you mean `{s}`? "))
+            .unwrap_or_default();
+        self.cx.error_spanned_by(
+            &c.func,
+            format!(
+                "unknown op `{name}` in graph!\n\n= help: {help}{}",
+                ops_help()
+            ),
+        );
+        None
     }
 }
 
-/// The ops lowered here, by hand; the rest come from `rtx_ir::library::LIBRARY`.
-const BUILTIN_OPS: &[&str] = &[
-    "sum",
-    "mean",
-    "max",
-    "softmax",
-    "log_softmax",
-    "reshape",
-    "flatten",
-    "transpose",
-    "permute",
-    "concat",
-    "narrow",
-    "max_pool2d",
-    "avg_pool2d",
-    "dropout",
-];
-
 /// Every op name `graph!` knows, for "unknown op" diagnostics.
 fn known_ops() -> Vec<&'static str> {
-    let mut all: Vec<&'static str> = rtx_ir::library::LIBRARY.iter().map(|op| op.name).collect();
-    all.extend(BUILTIN_OPS);
-    all
+    rtx_ir::library::LIBRARY.iter().map(|op| op.name).collect()
 }
 
 fn ops_help() -> String {
