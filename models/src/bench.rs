@@ -432,7 +432,7 @@ fn gemm_bf16() -> Result<()> {
             .collect();
         let l = Layout::contiguous(&[n, n]);
         let timing = measure(plan, || {
-            let (out, _) = cpu::matmul_bf16(&a, &l, &b, &l);
+            let (out, _) = cpu::matmul_bf16(&a, &l, &b, &l)?;
             rtx_backends::pool::give_back(black_box(out));
             Ok(())
         })?;

@@ -60,6 +60,7 @@ impl From<rtx_backends::cpu::KernelError> for RtxError {
             } => RtxError::IndexOutOfRange {
                 context: match kernel {
                     "pick" | "pick_grad" => "class labels (cross_entropy) / pick indices".into(),
+                    "gather_rows" | "scatter_add_rows" => "embedding ids".into(),
                     _ => format!("`{kernel}` indices"),
                 },
                 index: position,

@@ -1,8 +1,8 @@
 //! Running the fused pointwise kernels that `graph!` generates, and the switch that turns
 //! fusion off (`RTX_FUSION=0`) so a model can be checked against its one-op-per-node schedule.
 
-use crate::error::Result;
-use crate::tensor::Tensor;
+use crate::error::{Result, RtxError};
+use crate::tensor::{Tensor, fmt_dims};
 use rtx_backends::cpu;
 use std::sync::OnceLock;
 
@@ -35,12 +35,13 @@ where
     let mut data: [&[f32]; N] = [&[]; N];
     for (slot, t) in data.iter_mut().zip(inputs) {
         *slot = t.f32_parts("fused kernel")?.0;
+        need_broadcast(t, shape, "fused kernel")?;
     }
     let layouts: [rtx_backends::Layout; N] =
         std::array::from_fn(|k| inputs[k].layout().broadcast_to(shape));
     let args: [(&[f32], &rtx_backends::Layout); N] =
         std::array::from_fn(|k| (data[k], &layouts[k]));
-    let outs = cpu::map_fused(args, shape, body);
+    let outs = cpu::map_fused(args, shape, body)?;
     Ok(outs.map(|data| Tensor::from_kernel(data, shape)))
 }
 
@@ -60,12 +61,13 @@ where
     let mut data: [&[f32]; N] = [&[]; N];
     for (slot, t) in data.iter_mut().zip(inputs) {
         *slot = t.f32_parts("row kernel")?.0;
+        need_broadcast(t, wide, "row kernel")?;
     }
     let layouts: [rtx_backends::Layout; N] =
         std::array::from_fn(|k| inputs[k].layout().broadcast_to(wide));
     let args: [(&[f32], &rtx_backends::Layout); N] =
         std::array::from_fn(|k| (data[k], &layouts[k]));
-    let outs = cpu::map_rows(args, wide, out_wide, body);
+    let outs = cpu::map_rows(args, wide, out_wide, body)?;
     let mut narrow = rtx_backends::layout::Dims::from_slice(wide);
     if let Some(last) = narrow.last_mut() {
         *last = 1;
@@ -94,7 +96,7 @@ where
     F: Fn([f32; N]) -> [f32; M] + Sync,
 {
     if N != E + 1 {
-        return Err(crate::error::RtxError::Invalid(format!(
+        return Err(RtxError::Invalid(format!(
             "a matmul epilogue reads the product and {E} more values, not {} more",
             N.saturating_sub(1)
         )));
@@ -104,11 +106,39 @@ where
     let mut data: [&[f32]; E] = [&[]; E];
     for (slot, t) in data.iter_mut().zip(extras) {
         *slot = t.f32_parts("matmul epilogue")?.0;
+        need_broadcast(t, shape, "matmul epilogue")?;
     }
     let layouts: [rtx_backends::Layout; E] =
         std::array::from_fn(|k| extras[k].layout().broadcast_to(shape));
     let args: [(&[f32], &rtx_backends::Layout); E] =
         std::array::from_fn(|k| (data[k], &layouts[k]));
-    let (outs, _) = cpu::matmul_fused(da, la, db, lb, &args, body);
+    let (outs, product_shape) = cpu::matmul_fused(da, la, db, lb, &args, body)?;
+    if product_shape[..] != *shape {
+        return Err(RtxError::ShapeMismatch {
+            context: "matmul epilogue".into(),
+            expected: fmt_dims(shape),
+            found: fmt_dims(&product_shape),
+        });
+    }
     Ok(outs.map(|data| Tensor::from_kernel(data, shape)))
+}
+
+/// Refuses a kernel input whose shape does not broadcast to `shape` (the layout it would be
+/// read through could not mean the input's values).
+fn need_broadcast(t: &Tensor, shape: &[usize], context: &str) -> Result<()> {
+    let from = t.shape();
+    let fits = from.len() <= shape.len()
+        && from
+            .iter()
+            .zip(&shape[shape.len() - from.len()..])
+            .all(|(&f, &to)| f == to || f == 1);
+    if fits {
+        Ok(())
+    } else {
+        Err(RtxError::ShapeMismatch {
+            context: context.to_string(),
+            expected: format!("a shape that broadcasts to {}", fmt_dims(shape)),
+            found: fmt_dims(from),
+        })
+    }
 }

@@ -2,7 +2,9 @@
 //!
 //! The code `graph!` emits calls `run_op` once per node, and the IR executor (`exec.rs`) calls
 //! it too, so compiled models and interpreted graphs cannot disagree. Every call first runs the
-//! op's shape rule from `rtx-ir` on the concrete shapes, so kernels only ever see valid input.
+//! op's shape rule from `rtx-ir` on the concrete shapes, so kernels only ever see valid input
+//! (they still check what they need to be memory-safe, and their `KernelError` becomes an
+//! `RtxError` here).
 
 use crate::ctx::Ctx;
 use crate::error::{Result, RtxError};
@@ -56,37 +58,20 @@ fn f32s<'a>(t: &'a Tensor, op: &Op) -> Result<(&'a [f32], &'a Layout)> {
     t.f32_parts(op.name())
 }
 
-fn ids(t: &Tensor, limit: usize, context: &str) -> Result<Vec<i64>> {
-    let v = t.to_vec_i64()?;
-    if let Some((index, &value)) = v
-        .iter()
-        .enumerate()
-        .find(|(_, x)| **x < 0 || **x as usize >= limit)
-    {
-        return Err(RtxError::IndexOutOfRange {
-            context: context.to_string(),
-            index,
-            value,
-            limit,
-        });
-    }
-    Ok(v)
-}
-
 fn unary(op: &Op, x: &Tensor, u: UnaryOp) -> Result<Tensor> {
     let (d, l) = f32s(x, op)?;
-    Ok(Tensor::from_kernel(cpu::unary(u, d, l), x.shape()))
+    Ok(Tensor::from_kernel(cpu::unary(u, d, l)?, x.shape()))
 }
 
 fn binary(op: &Op, a: &Tensor, b: &Tensor, k: BinaryOp) -> Result<Tensor> {
     let ((da, la), (db, lb)) = (f32s(a, op)?, f32s(b, op)?);
-    let (out, shape) = cpu::binary(k, da, la, db, lb);
+    let (out, shape) = cpu::binary(k, da, la, db, lb)?;
     Ok(Tensor::from_kernel(out, &shape))
 }
 
 fn reduce(op: &Op, x: &Tensor, k: ReduceOp, axes: &[usize], keepdim: bool) -> Result<Tensor> {
     let (d, l) = f32s(x, op)?;
-    let (out, shape) = cpu::reduce(k, d, l, axes, keepdim);
+    let (out, shape) = cpu::reduce(k, d, l, axes, keepdim)?;
     Ok(Tensor::from_kernel(out, &shape))
 }
 
@@ -167,8 +152,13 @@ fn check_size(op: &Op, args: &[&Tensor], out_shape: &[usize]) -> Result<()> {
 
 /// Executes `op` on arguments whose shapes already passed its shape rule, with the output
 /// shape that rule gives. Compiled models call this: the macro ran the shape rules at compile
-/// time and the generated code checked inputs and parameters on entry, so nothing is checked
-/// per node. Arguments that did not pass the rule may panic inside a kernel.
+/// time and the generated code checked inputs and parameters on entry, so no shape rule runs
+/// per node. The kernels still check what they need to be memory-safe (layouts inside their
+/// buffers, operands that combine, indices in range, a few comparisons each) and an argument
+/// they refuse is an `RtxError`. The IR's rules stay the source of truth: arguments that did
+/// not pass them may still give a meaningless result instead of the rule's error, and this
+/// function's own reads of them (the argument count, view ops such as `Permute`, sizes taken
+/// from another argument's shape) may panic.
 #[doc(hidden)]
 pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) -> Result<Tensor> {
     let a = |i: usize| args[i];
@@ -224,25 +214,25 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         Op::Max { axes, keepdim } => reduce(op, a(0), ReduceOp::Max, axes, *keepdim)?,
         Op::MatMul => {
             let ((da, la), (db, lb)) = (f32s(a(0), op)?, f32s(a(1), op)?);
-            let (out, shape) = cpu::matmul(da, la, db, lb);
+            let (out, shape) = cpu::matmul(da, la, db, lb)?;
             Tensor::from_kernel(out, &shape)
         }
         Op::Conv2d { stride, padding } => {
             let ((dx, lx), (dw, lw)) = (f32s(a(0), op)?, f32s(a(1), op)?);
-            let (out, shape) = cpu::conv2d(dx, lx, dw, lw, *stride, *padding);
+            let (out, shape) = cpu::conv2d(dx, lx, dw, lw, *stride, *padding)?;
             Tensor::from_kernel(out, &shape)
         }
         Op::Conv2dGradInput { stride, padding } => {
             let ((dg, lg), (dw, lw)) = (f32s(a(0), op)?, f32s(a(1), op)?);
             Tensor::from_kernel(
-                cpu::conv2d_grad_input(dg, lg, dw, lw, a(2).shape(), *stride, *padding),
+                cpu::conv2d_grad_input(dg, lg, dw, lw, a(2).shape(), *stride, *padding)?,
                 out_shape,
             )
         }
         Op::Conv2dGradWeight { stride, padding } => {
             let ((dx, lx), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
             Tensor::from_kernel(
-                cpu::conv2d_grad_weight(dx, lx, dg, lg, a(2).shape(), *stride, *padding),
+                cpu::conv2d_grad_weight(dx, lx, dg, lg, a(2).shape(), *stride, *padding)?,
                 out_shape,
             )
         }
@@ -252,7 +242,7 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             padding,
         } => {
             let (d, l) = f32s(a(0), op)?;
-            let (out, shape) = cpu::max_pool2d(d, l, *kernel, *stride, *padding);
+            let (out, shape) = cpu::max_pool2d(d, l, *kernel, *stride, *padding)?;
             Tensor::from_kernel(out, &shape)
         }
         Op::MaxPool2dGrad {
@@ -262,7 +252,7 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         } => {
             let ((dx, lx), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
             Tensor::from_kernel(
-                cpu::max_pool2d_grad(dx, lx, dg, lg, *kernel, *stride, *padding),
+                cpu::max_pool2d_grad(dx, lx, dg, lg, *kernel, *stride, *padding)?,
                 out_shape,
             )
         }
@@ -272,7 +262,7 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             padding,
         } => {
             let (d, l) = f32s(a(0), op)?;
-            let (out, shape) = cpu::avg_pool2d(d, l, *kernel, *stride, *padding);
+            let (out, shape) = cpu::avg_pool2d(d, l, *kernel, *stride, *padding)?;
             Tensor::from_kernel(out, &shape)
         }
         Op::AvgPool2dGrad {
@@ -282,14 +272,14 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         } => {
             let (dg, lg) = f32s(a(1), op)?;
             Tensor::from_kernel(
-                cpu::avg_pool2d_grad(dg, lg, a(0).shape(), *kernel, *stride, *padding),
+                cpu::avg_pool2d_grad(dg, lg, a(0).shape(), *kernel, *stride, *padding)?,
                 out_shape,
             )
         }
         Op::Embedding => {
             let (dt, lt) = f32s(a(0), op)?;
-            let ids = ids(a(1), a(0).shape()[0], "embedding ids")?;
-            Tensor::from_kernel(cpu::gather_rows(dt, lt, &ids), out_shape)
+            let ids = a(1).i64_contiguous("embedding ids")?;
+            Tensor::from_kernel(cpu::gather_rows(dt, lt, &ids)?, out_shape)
         }
         Op::Pick => {
             let (d, l) = f32s(a(0), op)?;
@@ -304,13 +294,13 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         Op::EmbeddingGrad => {
             let (dg, lg) = f32s(a(0), op)?;
             let vocab = a(2).shape()[0];
-            let ids = ids(a(1), vocab, "embedding ids")?;
-            Tensor::from_kernel(cpu::scatter_add_rows(dg, lg, &ids, vocab), out_shape)
+            let ids = a(1).i64_contiguous("embedding ids")?;
+            Tensor::from_kernel(cpu::scatter_add_rows(dg, lg, &ids, vocab)?, out_shape)
         }
         Op::DropoutMask { p } => {
             if ctx.train && *p > 0.0 {
                 let seed = ctx.next_seed();
-                Tensor::from_kernel(cpu::dropout_mask(a(0).numel(), *p as f32, seed), out_shape)
+                Tensor::from_kernel(cpu::dropout_mask(a(0).numel(), *p as f32, seed)?, out_shape)
             } else {
                 Tensor::full(out_shape, 1.0)
             }
@@ -324,13 +314,13 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         Op::Concat { axis } => {
             let parts: Vec<(&[f32], &Layout)> =
                 args.iter().map(|t| f32s(t, op)).collect::<Result<_>>()?;
-            let (out, shape) = cpu::concat(&parts, *axis);
+            let (out, shape) = cpu::concat(&parts, *axis)?;
             Tensor::from_kernel(out, &shape)
         }
         Op::PadNarrow { axis, start } => {
             let (dg, lg) = f32s(a(0), op)?;
             Tensor::from_kernel(
-                cpu::pad_narrow(dg, lg, *axis, *start, a(1).shape()[*axis]),
+                cpu::pad_narrow(dg, lg, *axis, *start, a(1).shape()[*axis])?,
                 out_shape,
             )
         }
@@ -342,20 +332,20 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         }
         Op::SumTo => {
             let (dg, lg) = f32s(a(0), op)?;
-            Tensor::from_kernel(cpu::sum_to(dg, lg, out_shape), out_shape)
+            Tensor::from_kernel(cpu::sum_to(dg, lg, out_shape)?, out_shape)
         }
         Op::MeanGrad { axes, keepdim } => {
             let (dg, lg) = f32s(a(1), op)?;
             let count: usize = axes.iter().map(|&i| out_shape[i]).product();
             let l = unreduce_layout(lg, out_shape, axes, *keepdim);
             Tensor::from_kernel(
-                cpu::unary(UnaryOp::MulScalar(1.0 / count.max(1) as f32), dg, &l),
+                cpu::unary(UnaryOp::MulScalar(1.0 / count.max(1) as f32), dg, &l)?,
                 out_shape,
             )
         }
         Op::MaxGrad { axes, keepdim } => {
             let ((dx, lx), (dg, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
-            Tensor::from_kernel(cpu::max_grad(dx, lx, dg, lg, axes, *keepdim), out_shape)
+            Tensor::from_kernel(cpu::max_grad(dx, lx, dg, lg, axes, *keepdim)?, out_shape)
         }
     })
 }
@@ -370,5 +360,5 @@ pub fn materialize(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
             found: crate::tensor::fmt_dims(g.shape()),
         });
     }
-    Ok(g.contiguous())
+    g.try_contiguous()
 }

@@ -228,7 +228,7 @@ impl Tensor {
         Ok(if l.is_contiguous() {
             d[l.offset..l.offset + l.numel()].to_vec()
         } else {
-            cpu::to_contiguous(d, l)
+            cpu::to_contiguous(d, l)?
         })
     }
 
@@ -275,25 +275,38 @@ impl Tensor {
     }
 
     /// Row-major copy if the layout is not contiguous, or a cheap clone.
+    ///
+    /// # Panics
+    /// When the layout reaches past the buffer, which only a view built by `ops::execute` from
+    /// arguments that did not pass the op's shape rule can do ([`Tensor::try_contiguous`]
+    /// returns that as an error).
     pub fn contiguous(&self) -> Tensor {
-        if self.layout.is_contiguous() && self.layout.offset == 0 {
-            return self.clone();
+        match self.try_contiguous() {
+            Ok(t) => t,
+            Err(e) => panic!("{e}"),
         }
-        match &*self.storage {
+    }
+
+    /// [`Tensor::contiguous`], with a layout that reaches past the buffer as an error.
+    pub fn try_contiguous(&self) -> Result<Tensor> {
+        if self.layout.is_contiguous() && self.layout.offset == 0 {
+            return Ok(self.clone());
+        }
+        Ok(match &*self.storage {
             Storage::F32(d) => {
-                Tensor::from_kernel(cpu::to_contiguous(d, &self.layout), self.shape())
+                Tensor::from_kernel(cpu::to_contiguous(d, &self.layout)?, self.shape())
             }
             Storage::I64(v) => Tensor::from_parts(
                 Storage::I64(self.layout.indices().map(|i| v[i]).collect()),
                 Layout::contiguous(self.shape()),
             ),
-        }
+        })
     }
 
     /// The same elements under a new shape with the same element count.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         check_len(self.numel(), shape, "reshape")?;
-        let c = self.contiguous();
+        let c = self.try_contiguous()?;
         let mut layout = Layout::contiguous(shape);
         layout.offset = c.layout.offset;
         Ok(c.with_layout(layout))

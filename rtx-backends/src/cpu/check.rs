@@ -25,6 +25,12 @@ pub enum KernelError {
         kernel: &'static str,
         detail: String,
     },
+    /// A scalar argument outside the values the kernel accepts (a probability, a stride).
+    #[error("`{kernel}`: {detail}")]
+    Argument {
+        kernel: &'static str,
+        detail: String,
+    },
     /// An index (class label, embedding id) outside `0..limit`.
     #[error("`{kernel}`: index {value} at position {position} is outside 0..{limit}")]
     Index {
@@ -84,6 +90,69 @@ pub(crate) fn shapes(
             detail: detail(),
         })
     }
+}
+
+/// Fails with an argument error unless `ok`.
+pub(crate) fn argument(
+    kernel: &'static str,
+    ok: bool,
+    detail: impl FnOnce() -> String,
+) -> KResult<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(KernelError::Argument {
+            kernel,
+            detail: detail(),
+        })
+    }
+}
+
+/// `l` has exactly the shape `shape` (an input of a kernel that does not broadcast).
+pub(crate) fn same_shape(
+    kernel: &'static str,
+    arg: &'static str,
+    l: &Layout,
+    shape: &[usize],
+) -> KResult<()> {
+    shapes(kernel, l.shape[..] == *shape, || {
+        format!(
+            "`{arg}` has shape {:?} where {shape:?} is needed",
+            &l.shape[..]
+        )
+    })
+}
+
+/// `axes` are distinct axes of a tensor of rank `rank`.
+pub(crate) fn axes(kernel: &'static str, axes: &[usize], rank: usize) -> KResult<()> {
+    for (i, &axis) in axes.iter().enumerate() {
+        shapes(kernel, axis < rank, || {
+            format!("axis {axis} is out of range for a tensor of rank {rank}")
+        })?;
+        shapes(kernel, !axes[..i].contains(&axis), || {
+            format!("axis {axis} appears twice in {axes:?}")
+        })?;
+    }
+    Ok(())
+}
+
+/// The argument name of input `k` of a kernel that takes an array of inputs.
+pub(crate) fn input_name(k: usize) -> &'static str {
+    const NAMES: [&str; 12] = [
+        "inputs[0]",
+        "inputs[1]",
+        "inputs[2]",
+        "inputs[3]",
+        "inputs[4]",
+        "inputs[5]",
+        "inputs[6]",
+        "inputs[7]",
+        "inputs[8]",
+        "inputs[9]",
+        "inputs[10]",
+        "inputs[11]",
+    ];
+    NAMES.get(k).copied().unwrap_or("inputs[12..]")
 }
 
 /// Every index lies in `0..limit`.

@@ -8,10 +8,55 @@ use rayon::prelude::*;
 
 use crate::layout::Layout;
 
-use super::gemm::matmul;
-use super::strided::{PARALLEL_THRESHOLD, to_contiguous};
+use super::check::{self, KResult};
+use super::gemm::matmul_2d;
+use super::strided::{PARALLEL_THRESHOLD, contiguous};
 use super::window::Window2d;
 use crate::pool::Scratch;
+
+/// The window of a convolution of an input of shape `x_shape` by a weight of shape
+/// `w_shape`, refused unless both have rank 4, their channels agree, the kernel fits in the
+/// padded input and every buffer the convolution builds (the weight, the output, the
+/// column matrix) has an element count that fits in memory.
+fn conv_window(
+    name: &'static str,
+    x_shape: &[usize],
+    w_shape: &[usize],
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> KResult<Window2d> {
+    check::shapes(name, w_shape.len() == 4, || {
+        format!("the weight has shape {w_shape:?}, not [O, C, KH, KW]")
+    })?;
+    let window = Window2d::checked(
+        name,
+        x_shape,
+        [w_shape[2], w_shape[3]],
+        stride,
+        padding,
+        w_shape[0],
+    )?;
+    check::shapes(name, x_shape[1] == w_shape[1], || {
+        format!(
+            "the input {x_shape:?} has {} channels, the weight {w_shape:?} expects {}",
+            x_shape[1], w_shape[1]
+        )
+    })?;
+    check::elements(name, w_shape)?;
+    // The column matrix: [C*KH*KW, N*OH*OW].
+    check::elements(
+        name,
+        &[
+            window.channels,
+            window.kernel[0],
+            window.kernel[1],
+            window.batch,
+            window.out_size[0],
+            window.out_size[1],
+        ],
+    )?;
+    Ok(window)
+}
 
 /// x [N, C, H, W], w [O, C, KH, KW] -> [N, O, OH, OW], OH = (H + 2*pad - KH)/stride + 1 (PyTorch, no bias, no dilation/groups). Returns (out, out_shape).
 pub fn conv2d(
@@ -21,17 +66,20 @@ pub fn conv2d(
     lw: &Layout,
     stride: [usize; 2],
     padding: [usize; 2],
-) -> (Vec<f32>, crate::layout::Dims) {
+) -> KResult<(Vec<f32>, crate::layout::Dims)> {
+    const K: &str = "conv2d";
+    check::view(K, "x", x.len(), lx)?;
+    check::view(K, "w", w.len(), lw)?;
+    let window = conv_window(K, &lx.shape, &lw.shape, stride, padding)?;
     let out_channels = lw.shape[0];
-    let window = Window2d::new(&lx.shape, [lw.shape[2], lw.shape[3]], stride, padding);
     let out_shape = window.out_shape(out_channels);
     let (rows, pixels) = (
         window.channels * window.taps(),
         window.batch * window.out_plane(),
     );
     let cols = Scratch(im2col(x, lx, &window));
-    let w_flat = Scratch(to_contiguous(w, lw));
-    let (out_by_channel, _) = matmul(
+    let w_flat = Scratch(contiguous(w, lw));
+    let out_by_channel = matmul_2d(
         &w_flat,
         &Layout::contiguous(&[out_channels, rows]),
         &cols,
@@ -45,7 +93,7 @@ pub fn conv2d(
         offset: 0,
     };
     let out_by_channel = Scratch(out_by_channel);
-    (to_contiguous(&out_by_channel, &as_batch_first), out_shape)
+    Ok((contiguous(&out_by_channel, &as_batch_first), out_shape))
 }
 
 /// gradient w.r.t. x given upstream g [N,O,OH,OW]; x_shape given
@@ -57,23 +105,27 @@ pub fn conv2d_grad_input(
     x_shape: &[usize],
     stride: [usize; 2],
     padding: [usize; 2],
-) -> Vec<f32> {
+) -> KResult<Vec<f32>> {
+    const K: &str = "conv2d_grad_input";
+    check::view(K, "g", g.len(), lg)?;
+    check::view(K, "w", w.len(), lw)?;
+    let window = conv_window(K, x_shape, &lw.shape, stride, padding)?;
     let out_channels = lw.shape[0];
-    let window = Window2d::new(x_shape, [lw.shape[2], lw.shape[3]], stride, padding);
+    check::same_shape(K, "g", lg, &window.out_shape(out_channels))?;
     let (rows, pixels) = (
         window.channels * window.taps(),
         window.batch * window.out_plane(),
     );
-    let w_flat = Scratch(to_contiguous(w, lw));
+    let w_flat = Scratch(contiguous(w, lw));
     let w_transposed = Layout::contiguous(&[out_channels, rows]).permute(&[1, 0]);
-    let g_by_channel = Scratch(to_contiguous(g, &lg.permute(&[1, 0, 2, 3])));
-    let (cols_grad, _) = matmul(
+    let g_by_channel = Scratch(contiguous(g, &lg.permute(&[1, 0, 2, 3])));
+    let cols_grad = matmul_2d(
         &w_flat,
         &w_transposed,
         &g_by_channel,
         &Layout::contiguous(&[out_channels, pixels]),
     );
-    col2im(&Scratch(cols_grad), &window)
+    Ok(col2im(&Scratch(cols_grad), &window))
 }
 
 /// gradient w.r.t. w
@@ -85,28 +137,32 @@ pub fn conv2d_grad_weight(
     w_shape: &[usize],
     stride: [usize; 2],
     padding: [usize; 2],
-) -> Vec<f32> {
+) -> KResult<Vec<f32>> {
+    const K: &str = "conv2d_grad_weight";
+    check::view(K, "x", x.len(), lx)?;
+    check::view(K, "g", g.len(), lg)?;
+    let window = conv_window(K, &lx.shape, w_shape, stride, padding)?;
     let out_channels = w_shape[0];
-    let window = Window2d::new(&lx.shape, [w_shape[2], w_shape[3]], stride, padding);
+    check::same_shape(K, "g", lg, &window.out_shape(out_channels))?;
     let (rows, pixels) = (
         window.channels * window.taps(),
         window.batch * window.out_plane(),
     );
     let cols = Scratch(im2col(x, lx, &window));
-    let g_by_channel = Scratch(to_contiguous(g, &lg.permute(&[1, 0, 2, 3])));
+    let g_by_channel = Scratch(contiguous(g, &lg.permute(&[1, 0, 2, 3])));
     let g_transposed = Layout::contiguous(&[out_channels, pixels]).permute(&[1, 0]);
     // Computed as cols @ g^T = dW^T: the long pixel axis is K either way, and this puts the
     // larger C*KH*KW side on M, where the matmul splits work across threads.
-    let (dw_transposed, _) = matmul(
+    let dw_transposed = matmul_2d(
         &cols,
         &Layout::contiguous(&[rows, pixels]),
         &g_by_channel,
         &g_transposed,
     );
-    to_contiguous(
+    Ok(contiguous(
         &Scratch(dw_transposed),
         &Layout::contiguous(&[rows, out_channels]).permute(&[1, 0]),
-    )
+    ))
 }
 
 /// Unfolds x into the `[C*KH*KW, N*OH*OW]` column matrix (zeros where a tap hits padding).

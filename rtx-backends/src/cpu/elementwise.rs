@@ -2,6 +2,7 @@
 
 use crate::layout::Layout;
 
+use super::check::{self, KResult, KernelError};
 use super::scalar;
 use super::strided::{Walk, for_each_chunk, map_strided, numel};
 
@@ -21,8 +22,12 @@ pub enum UnaryOp {
     MulScalar(f32),
 }
 
-pub fn unary(op: UnaryOp, x: &[f32], l: &Layout) -> Vec<f32> {
-    match op {
+/// `op` applied to every element of `x` (read through `l`); a contiguous buffer of `l`'s shape.
+pub fn unary(op: UnaryOp, x: &[f32], l: &Layout) -> KResult<Vec<f32>> {
+    const K: &str = "unary";
+    check::view(K, "x", x.len(), l)?;
+    check::elements(K, &l.shape)?;
+    Ok(match op {
         UnaryOp::Neg => map_strided(x, l, scalar::neg),
         UnaryOp::Relu => map_strided(x, l, scalar::relu),
         UnaryOp::Gelu => map_strided(x, l, scalar::gelu),
@@ -34,7 +39,7 @@ pub fn unary(op: UnaryOp, x: &[f32], l: &Layout) -> Vec<f32> {
         UnaryOp::PowScalar(p) => map_strided(x, l, |v| scalar::pow(v, p)),
         UnaryOp::AddScalar(c) => map_strided(x, l, |v| v + c),
         UnaryOp::MulScalar(c) => map_strided(x, l, |v| v * c),
-    }
+    })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -60,16 +65,28 @@ pub enum BinaryOp {
     Ne,
 }
 
-/// NumPy broadcasting of the two shapes; returns (out, out_shape). Caller guarantees compatibility.
+/// `op` over the NumPy broadcast of the two operands; returns (out, out_shape).
 pub fn binary(
     op: BinaryOp,
     a: &[f32],
     la: &Layout,
     b: &[f32],
     lb: &Layout,
-) -> (Vec<f32>, crate::layout::Dims) {
-    let shape =
-        broadcast_shape(&la.shape, &lb.shape).expect("caller guarantees broadcastable shapes");
+) -> KResult<(Vec<f32>, crate::layout::Dims)> {
+    const K: &str = "binary";
+    check::view(K, "a", a.len(), la)?;
+    check::view(K, "b", b.len(), lb)?;
+    let Some(shape) = broadcast_shape(&la.shape, &lb.shape) else {
+        return Err(KernelError::Shapes {
+            kernel: K,
+            detail: format!(
+                "{:?} and {:?} do not broadcast together",
+                &la.shape[..],
+                &lb.shape[..]
+            ),
+        });
+    };
+    check::elements(K, &shape)?;
     let la = la.broadcast_to(&shape);
     let lb = lb.broadcast_to(&shape);
     let out = match op {
@@ -88,7 +105,7 @@ pub fn binary(
         BinaryOp::Eq => zip_strided(a, &la, b, &lb, scalar::eq),
         BinaryOp::Ne => zip_strided(a, &la, b, &lb, scalar::ne),
     };
-    (out, shape)
+    Ok((out, shape))
 }
 
 /// `f(a, b)` over two layouts of the same shape. The stride-1 and stride-0 (broadcast scalar)

@@ -8,7 +8,8 @@
 
 use rayon::prelude::*;
 
-use super::strided::{CHUNK, PARALLEL_THRESHOLD, Walk, numel};
+use super::check::{self, KResult};
+use super::strided::{CHUNK, PARALLEL_THRESHOLD, Walk};
 use crate::layout::Layout;
 
 /// A base pointer shared by the pieces of one parallel loop; each piece writes a disjoint range.
@@ -19,17 +20,22 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 /// `body` applied to every element of `shape`: input `k` is read through `inputs[k]`, whose
-/// layout must already have `shape` (broadcast axes have stride 0). Returns `M` contiguous
-/// buffers of `shape`.
+/// layout must already have `shape` (broadcast axes have stride 0; refused otherwise).
+/// Returns `M` contiguous buffers of `shape`.
 pub fn map_fused<const N: usize, const M: usize, F>(
     inputs: [(&[f32], &Layout); N],
     shape: &[usize],
     body: F,
-) -> [Vec<f32>; M]
+) -> KResult<[Vec<f32>; M]>
 where
     F: Fn([f32; N]) -> [f32; M] + Sync,
 {
-    let n = numel(shape);
+    const K: &str = "map_fused";
+    for (k, (data, l)) in inputs.iter().enumerate() {
+        check::view(K, check::input_name(k), data.len(), l)?;
+        check::same_shape(K, check::input_name(k), l, shape)?;
+    }
+    let n = check::elements(K, shape)?;
     let mut outs: [Vec<f32>; M] = std::array::from_fn(|_| crate::pool::take(n));
     let ptrs: [OutPtr; M] = std::array::from_fn(|m| OutPtr(outs[m].as_mut_ptr()));
     let walk: Walk<N> = Walk::new(shape, std::array::from_fn(|k| inputs[k].1));
@@ -71,7 +77,7 @@ where
             }
         });
     }
-    outs
+    Ok(outs)
 }
 
 /// Output size from which stores bypass the caches: beyond the last-level cache of the

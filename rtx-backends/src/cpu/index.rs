@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use rayon::prelude::*;
 
-use crate::layout::Layout;
+use crate::layout::{Dims, Layout};
 
 use super::check::{self, KResult, KernelError};
 use super::strided::{PARALLEL_THRESHOLD, contiguous_cow, numel, position};
@@ -30,11 +30,44 @@ fn for_each_block(
     }
 }
 
-/// Concatenate along axis (shapes agree off the axis). Returns (out, out_shape).
-/// The caller passes at least one input.
-pub fn concat(inputs: &[(&[f32], &Layout)], axis: usize) -> (Vec<f32>, crate::layout::Dims) {
-    let mut out_shape = inputs[0].1.shape.clone();
-    out_shape[axis] = inputs.iter().map(|(_, l)| l.shape[axis]).sum();
+/// Concatenate at least one input along `axis` (shapes agree off the axis). Returns
+/// (out, out_shape).
+pub fn concat(inputs: &[(&[f32], &Layout)], axis: usize) -> KResult<(Vec<f32>, Dims)> {
+    const K: &str = "concat";
+    let Some((_, first)) = inputs.first() else {
+        return Err(KernelError::Shapes {
+            kernel: K,
+            detail: "there is nothing to concatenate".into(),
+        });
+    };
+    check::shapes(K, axis < first.rank(), || {
+        format!(
+            "axis {axis} is out of range for parts of rank {}",
+            first.rank()
+        )
+    })?;
+    let mut out_shape = first.shape.clone();
+    out_shape[axis] = 0;
+    for (k, &(data, l)) in inputs.iter().enumerate() {
+        check::view(K, check::input_name(k), data.len(), l)?;
+        let agree = l.rank() == first.rank()
+            && (0..l.rank()).all(|i| i == axis || l.shape[i] == first.shape[i]);
+        check::shapes(K, agree, || {
+            format!(
+                "part {k} has shape {:?}, which differs from part 0's {:?} off axis {axis}",
+                &l.shape[..],
+                &first.shape[..]
+            )
+        })?;
+        out_shape[axis] =
+            out_shape[axis]
+                .checked_add(l.shape[axis])
+                .ok_or_else(|| KernelError::Shapes {
+                    kernel: K,
+                    detail: format!("the parts' sizes along axis {axis} overflow"),
+                })?;
+    }
+    check::elements(K, &out_shape)?;
     let inner = numel(&out_shape[axis + 1..]);
     // Seen as [outer, len, inner], each input contributes one run of len_i * inner per outer index.
     let parts: smallvec::SmallVec<[(Cow<[f32]>, usize); 4]> = inputs
@@ -49,11 +82,37 @@ pub fn concat(inputs: &[(&[f32], &Layout)], axis: usize) -> (Vec<f32>, crate::la
             at += run;
         }
     });
-    (out, out_shape)
+    Ok((out, out_shape))
 }
 
 /// Backward of narrow: zeros of full shape (g's shape with axis size full_len) with g written at start..start+len on axis.
-pub fn pad_narrow(g: &[f32], lg: &Layout, axis: usize, start: usize, full_len: usize) -> Vec<f32> {
+pub fn pad_narrow(
+    g: &[f32],
+    lg: &Layout,
+    axis: usize,
+    start: usize,
+    full_len: usize,
+) -> KResult<Vec<f32>> {
+    const K: &str = "pad_narrow";
+    check::view(K, "g", g.len(), lg)?;
+    check::shapes(K, axis < lg.rank(), || {
+        format!(
+            "axis {axis} is out of range for a gradient of rank {}",
+            lg.rank()
+        )
+    })?;
+    let fits = start
+        .checked_add(lg.shape[axis])
+        .is_some_and(|end| end <= full_len);
+    check::shapes(K, fits, || {
+        format!(
+            "{} values from {start} do not fit in {full_len} along axis {axis}",
+            lg.shape[axis]
+        )
+    })?;
+    let mut full_shape = lg.shape.clone();
+    full_shape[axis] = full_len;
+    check::elements(K, &full_shape)?;
     let inner = numel(&lg.shape[axis + 1..]);
     let run = lg.shape[axis] * inner;
     let outer = numel(&lg.shape[..axis]);
@@ -63,12 +122,19 @@ pub fn pad_narrow(g: &[f32], lg: &Layout, axis: usize, start: usize, full_len: u
         block[start * inner..start * inner + run]
             .copy_from_slice(&g[index * run..(index + 1) * run]);
     });
-    out
+    Ok(out)
 }
 
-/// Embedding lookup: table [V, D], ids any shape (caller checked 0 <= id < V) -> ids.shape + [D]
-pub fn gather_rows(table: &[f32], lt: &Layout, ids: &[i64]) -> Vec<f32> {
+/// Embedding lookup: table [V, D], ids any shape with 0 <= id < V -> ids.shape + [D]
+pub fn gather_rows(table: &[f32], lt: &Layout, ids: &[i64]) -> KResult<Vec<f32>> {
+    const K: &str = "gather_rows";
+    check::view(K, "table", table.len(), lt)?;
+    check::shapes(K, lt.rank() == 2, || {
+        format!("the table has shape {:?}, not [V, D]", &lt.shape[..])
+    })?;
+    check::indices(K, ids, lt.shape[0])?;
     let dim = lt.shape[1];
+    check::elements(K, &[ids.len(), dim])?;
     let [row_stride, col_stride] = [lt.strides[0], lt.strides[1]];
     let mut out = crate::pool::take_zeroed(ids.len() * dim);
     // Rows are read through the strides: the table may be far larger than the rows looked up.
@@ -82,16 +148,34 @@ pub fn gather_rows(table: &[f32], lt: &Layout, ids: &[i64]) -> Vec<f32> {
             }
         }
     });
-    out
+    Ok(out)
 }
 
-/// Backward: zeros [V, D], add g rows (g is ids.len() x D, contiguous order of ids) into rows ids[i]. Deterministic.
-pub fn scatter_add_rows(g: &[f32], lg: &Layout, ids: &[i64], vocab: usize) -> Vec<f32> {
-    let dim = lg.shape.last().copied().unwrap_or(1);
+/// Backward: zeros [V, D], add g rows (g is ids.shape + [D], read in row-major order) into
+/// rows ids[i]. Deterministic.
+pub fn scatter_add_rows(g: &[f32], lg: &Layout, ids: &[i64], vocab: usize) -> KResult<Vec<f32>> {
+    const K: &str = "scatter_add_rows";
+    check::view(K, "g", g.len(), lg)?;
+    let Some((&dim, rows)) = lg.shape.split_last() else {
+        return Err(KernelError::Shapes {
+            kernel: K,
+            detail: "the gradient is a scalar, not ids.shape + [D]".into(),
+        });
+    };
+    check::shapes(K, check::elements(K, rows)? == ids.len(), || {
+        format!(
+            "a gradient of shape {:?} for {} ids",
+            &lg.shape[..],
+            ids.len()
+        )
+    })?;
+    check::indices(K, ids, vocab)?;
+    check::elements(K, &[vocab, dim])?;
+    check::elements(K, &lg.shape)?;
     let g = contiguous_cow(g, lg);
     let mut out = crate::pool::take_zeroed(vocab * dim);
     if dim == 0 {
-        return out;
+        return Ok(out);
     }
     if ids.len() * dim <= PARALLEL_THRESHOLD {
         for (i, &id) in ids.iter().enumerate() {
@@ -100,7 +184,7 @@ pub fn scatter_add_rows(g: &[f32], lg: &Layout, ids: &[i64], vocab: usize) -> Ve
                 *d += v;
             }
         }
-        return out;
+        return Ok(out);
     }
     // Bucket the positions by target row with a stable counting sort: each row then adds its
     // contributions in increasing i, the serial order, and rows run in parallel without sharing.
@@ -124,7 +208,7 @@ pub fn scatter_add_rows(g: &[f32], lg: &Layout, ids: &[i64], vocab: usize) -> Ve
             }
         }
     });
-    out
+    Ok(out)
 }
 
 /// `out[r] = x[r, ids[r]]` over the rows `r` of `x [.., C]`'s last axis (PyTorch's `gather`

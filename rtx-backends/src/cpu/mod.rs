@@ -1,8 +1,16 @@
 //! CPU kernels: f32, rayon-parallel over outputs, bit-identical for every thread count.
 //!
 //! Every kernel reads its inputs through a [`Layout`] (strided, permuted, broadcast or offset
-//! views all work) and returns a fresh contiguous row-major buffer. Shapes are not validated:
-//! rtx-core runs the IR's shape rules before calling in.
+//! views all work) and returns a fresh contiguous row-major buffer.
+//!
+//! Validation: every public kernel checks its arguments before it touches them and returns a
+//! [`KernelError`] instead of reading out of bounds or panicking: each layout lies inside its
+//! buffer, the operands' shapes combine as the kernel needs (matmul inner dimensions, broadcast
+//! operands, conv channels and windows, reduction axes, index ranges, ...) and the output's
+//! element count fits in memory. The checks cost a few comparisons per call (no allocation
+//! unless they fail). They are not the IR's shape rules, which rtx-core runs once before
+//! calling in and which remain the source of truth for what an op means; `scalar`,
+//! `broadcast_shape` and the kernel pickers are pure and check nothing.
 //!
 //! Determinism: no kernel splits work by thread count and no kernel uses atomics. Each output
 //! element is produced by one task that sums its terms in a fixed order; where a single output
@@ -25,7 +33,7 @@ mod strided;
 mod window;
 
 pub use crate::layout::Layout;
-pub use check::KernelError;
+pub use check::{KResult, KernelError};
 pub use conv::{conv2d, conv2d_grad_input, conv2d_grad_weight};
 pub use elementwise::{BinaryOp, UnaryOp, binary, broadcast_shape, unary};
 pub use fused::map_fused;

@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use crate::layout::Layout;
 
+use super::check::{self, KResult};
 use super::strided::PARALLEL_THRESHOLD;
 use super::window::Window2d;
 
@@ -83,8 +84,10 @@ pub fn max_pool2d(
     kernel: [usize; 2],
     stride: [usize; 2],
     padding: [usize; 2],
-) -> (Vec<f32>, crate::layout::Dims) {
-    let window = Window2d::new(&l.shape, kernel, stride, padding);
+) -> KResult<(Vec<f32>, crate::layout::Dims)> {
+    const K: &str = "max_pool2d";
+    check::view(K, "x", x.len(), l)?;
+    let window = pool_window(K, &l.shape, kernel, stride, padding)?;
     let reader = PlaneReader {
         data: x,
         layout: l,
@@ -98,7 +101,7 @@ pub fn max_pool2d(
                 .map_or(f32::NEG_INFINITY, |(ih, iw)| reader.get(plane, ih, iw));
         }
     });
-    (out, window.out_shape(window.channels))
+    Ok((out, window.out_shape(window.channels)))
 }
 
 /// gradient goes to the first max position of each window (row-major within window), accumulated where windows overlap
@@ -110,8 +113,12 @@ pub fn max_pool2d_grad(
     kernel: [usize; 2],
     stride: [usize; 2],
     padding: [usize; 2],
-) -> Vec<f32> {
-    let window = Window2d::new(&lx.shape, kernel, stride, padding);
+) -> KResult<Vec<f32>> {
+    const K: &str = "max_pool2d_grad";
+    check::view(K, "x", x.len(), lx)?;
+    check::view(K, "g", g.len(), lg)?;
+    let window = pool_window(K, &lx.shape, kernel, stride, padding)?;
+    check::same_shape(K, "g", lg, &window.out_shape(window.channels))?;
     let x_reader = PlaneReader {
         data: x,
         layout: lx,
@@ -133,7 +140,7 @@ pub fn max_pool2d_grad(
             }
         }
     });
-    dx
+    Ok(dx)
 }
 
 /// PyTorch avg_pool2d with count_include_pad=true
@@ -143,8 +150,10 @@ pub fn avg_pool2d(
     kernel: [usize; 2],
     stride: [usize; 2],
     padding: [usize; 2],
-) -> (Vec<f32>, crate::layout::Dims) {
-    let window = Window2d::new(&l.shape, kernel, stride, padding);
+) -> KResult<(Vec<f32>, crate::layout::Dims)> {
+    const K: &str = "avg_pool2d";
+    check::view(K, "x", x.len(), l)?;
+    let window = pool_window(K, &l.shape, kernel, stride, padding)?;
     let reader = PlaneReader {
         data: x,
         layout: l,
@@ -171,9 +180,10 @@ pub fn avg_pool2d(
             *d = sum / divisor;
         }
     });
-    (out, window.out_shape(window.channels))
+    Ok((out, window.out_shape(window.channels)))
 }
 
+/// Gradient of [`avg_pool2d`] w.r.t. its input of shape `x_shape`, given the upstream `g`.
 pub fn avg_pool2d_grad(
     g: &[f32],
     lg: &Layout,
@@ -181,8 +191,11 @@ pub fn avg_pool2d_grad(
     kernel: [usize; 2],
     stride: [usize; 2],
     padding: [usize; 2],
-) -> Vec<f32> {
-    let window = Window2d::new(x_shape, kernel, stride, padding);
+) -> KResult<Vec<f32>> {
+    const K: &str = "avg_pool2d_grad";
+    check::view(K, "g", g.len(), lg)?;
+    let window = pool_window(K, x_shape, kernel, stride, padding)?;
+    check::same_shape(K, "g", lg, &window.out_shape(window.channels))?;
     let g_reader = PlaneReader {
         data: g,
         layout: lg,
@@ -208,5 +221,18 @@ pub fn avg_pool2d_grad(
             }
         }
     });
-    dx
+    Ok(dx)
+}
+
+/// The window of a pooling kernel over an input of shape `x_shape` (see
+/// [`Window2d::checked`]); the output has the input's channels.
+fn pool_window(
+    name: &'static str,
+    x_shape: &[usize],
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> KResult<Window2d> {
+    let channels = x_shape.get(1).copied().unwrap_or(0);
+    Window2d::checked(name, x_shape, kernel, stride, padding, channels)
 }

@@ -1,6 +1,7 @@
 //! Counter-based random masks: element `i` is a pure function of `(seed, i)`, so a mask never
 //! depends on how the work was split across threads.
 
+use super::check::{self, KResult};
 use super::strided::for_each_chunk;
 
 const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -18,8 +19,13 @@ fn uniform(key: u64, index: u64) -> f32 {
     (bits >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
 }
 
-/// Dropout mask of `numel` elements: 0.0 with probability p, else 1/(1-p). Counter-based (e.g. splitmix64 or Philox-like hash of (seed, index)) so the result depends only on (seed, numel, p), never on thread count. p == 0 gives all ones.
-pub fn dropout_mask(numel: usize, p: f32, seed: u64) -> Vec<f32> {
+/// Dropout mask of `numel` elements: 0.0 with probability p, else 1/(1-p). Counter-based (e.g. splitmix64 or Philox-like hash of (seed, index)) so the result depends only on (seed, numel, p), never on thread count. p == 0 gives all ones; p must be finite and in [0, 1).
+pub fn dropout_mask(numel: usize, p: f32, seed: u64) -> KResult<Vec<f32>> {
+    check::argument(
+        "dropout_mask",
+        p.is_finite() && (0.0..1.0).contains(&p),
+        || format!("the drop probability {p} is not in [0, 1)"),
+    )?;
     // The seed is used as is: element i must be `rtx_ir::reference::dropout_uniform(seed, i)`,
     // bit for bit. Nearby seeds still give unrelated masks, since every bit of `mix64`'s output
     // depends on every bit of its input.
@@ -35,5 +41,5 @@ pub fn dropout_mask(numel: usize, p: f32, seed: u64) -> Vec<f32> {
             };
         }
     });
-    mask
+    Ok(mask)
 }

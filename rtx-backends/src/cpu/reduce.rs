@@ -6,8 +6,9 @@ use rayon::prelude::*;
 
 use crate::layout::{Dims, Layout};
 
+use super::check::{self, KResult};
 use super::strided::{
-    PARALLEL_THRESHOLD, Walk, contiguous_cow, numel, position, to_contiguous, with_f64_scratch,
+    PARALLEL_THRESHOLD, Walk, contiguous, contiguous_cow, numel, position, with_f64_scratch,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -80,15 +81,31 @@ fn beats(v: f32, acc: f32) -> bool {
     v > acc || (v.is_nan() && !acc.is_nan())
 }
 
-/// Reduce over `axes` (sorted, unique, < rank). keepdim keeps them as size 1. Returns (out, out_shape).
+/// Reduce over `axes` (distinct, < rank, in any order). keepdim keeps them as size 1.
+/// Returns (out, out_shape).
 pub fn reduce(
     op: ReduceOp,
     x: &[f32],
     l: &Layout,
     axes: &[usize],
     keepdim: bool,
-) -> (Vec<f32>, crate::layout::Dims) {
-    let out_shape: crate::layout::Dims = (0..l.rank())
+) -> KResult<(Vec<f32>, Dims)> {
+    const K: &str = "reduce";
+    check::view(K, "x", x.len(), l)?;
+    check::axes(K, axes, l.rank())?;
+    check::elements(K, &l.shape)?;
+    Ok(reduce_unchecked(op, x, l, axes, keepdim))
+}
+
+/// [`reduce`] on arguments the caller checked.
+pub(crate) fn reduce_unchecked(
+    op: ReduceOp,
+    x: &[f32],
+    l: &Layout,
+    axes: &[usize],
+    keepdim: bool,
+) -> (Vec<f32>, Dims) {
+    let out_shape: Dims = (0..l.rank())
         .filter_map(|axis| match (axes.contains(&axis), keepdim) {
             (false, _) => Some(l.shape[axis]),
             (true, true) => Some(1),
@@ -215,7 +232,23 @@ pub fn max_grad(
     lg: &Layout,
     axes: &[usize],
     keepdim: bool,
-) -> Vec<f32> {
+) -> KResult<Vec<f32>> {
+    const K: &str = "max_grad";
+    check::view(K, "x", x.len(), lx)?;
+    check::view(K, "g", g.len(), lg)?;
+    check::axes(K, axes, lx.rank())?;
+    check::shapes(
+        K,
+        is_reduced_shape(&lx.shape, axes, keepdim, &lg.shape),
+        || {
+            format!(
+                "the gradient's shape {:?} is not {:?} reduced over axes {axes:?} (keepdim {keepdim})",
+                &lg.shape[..],
+                &lx.shape[..]
+            )
+        },
+    )?;
+    check::elements(K, &lx.shape)?;
     let source = Groups::new(lx, axes);
     let target = Groups::new(&Layout::contiguous(&lx.shape), axes);
     let group_len = source.group_len();
@@ -276,21 +309,51 @@ pub fn max_grad(
             scatter(out_index, first_max(out_index));
         }
     }
-    out
+    Ok(out)
+}
+
+/// Whether `reduced` is `shape` reduced over `axes` (kept as size 1 when `keepdim`).
+fn is_reduced_shape(shape: &[usize], axes: &[usize], keepdim: bool, reduced: &[usize]) -> bool {
+    let mut kept = reduced.iter();
+    for (axis, &size) in shape.iter().enumerate() {
+        let want = match (axes.contains(&axis), keepdim) {
+            (false, _) => size,
+            (true, true) => 1,
+            (true, false) => continue,
+        };
+        if kept.next() != Some(&want) {
+            return false;
+        }
+    }
+    kept.next().is_none()
 }
 
 /// `max_grad`'s mark for a group with no element (empty groups receive no gradient).
 const NO_WINNER: usize = usize::MAX;
 
 /// Sum `g` down to `shape` (the inverse of NumPy broadcasting: sum leading extra axes and axes where shape has 1).
-pub fn sum_to(g: &[f32], lg: &Layout, shape: &[usize]) -> Vec<f32> {
+pub fn sum_to(g: &[f32], lg: &Layout, shape: &[usize]) -> KResult<Vec<f32>> {
+    const K: &str = "sum_to";
+    check::view(K, "g", g.len(), lg)?;
+    let broadcasts = lg.rank() >= shape.len()
+        && shape
+            .iter()
+            .zip(&lg.shape[lg.rank() - shape.len()..])
+            .all(|(&to, &from)| to == from || to == 1);
+    check::shapes(K, broadcasts, || {
+        format!(
+            "{shape:?} does not broadcast to the gradient's shape {:?}",
+            &lg.shape[..]
+        )
+    })?;
+    check::elements(K, &lg.shape)?;
     let extra = lg.rank() - shape.len();
     let axes: Dims = (0..lg.rank())
         .filter(|&axis| axis < extra || (shape[axis - extra] == 1 && lg.shape[axis] != 1))
         .collect();
     if axes.is_empty() {
-        return to_contiguous(g, lg);
+        return Ok(contiguous(g, lg));
     }
     // The kept axes are `shape`'s axes minus some of size 1, so the row-major order matches.
-    reduce(ReduceOp::Sum, g, lg, &axes, false).0
+    Ok(reduce_unchecked(ReduceOp::Sum, g, lg, &axes, false).0)
 }

@@ -5,6 +5,7 @@
 
 use rayon::prelude::*;
 
+use super::check::{self, KResult};
 use super::strided::{CHUNK, PARALLEL_THRESHOLD, numel, position};
 use crate::layout::Layout;
 
@@ -39,16 +40,23 @@ impl OutPtr {
 
 /// Runs `body(inputs, row_len, outputs)` for every row of `wide` (rank >= 1). Input `k` is
 /// read through `inputs[k]`, whose layout must already have the shape `wide` (broadcast axes
-/// have stride 0). Output `m` holds `row_len` values per row when `out_wide[m]`, else one.
+/// have stride 0; refused otherwise). Output `m` holds `row_len` values per row when
+/// `out_wide[m]`, else one.
 pub fn map_rows<const N: usize, const M: usize, F>(
     inputs: [(&[f32], &Layout); N],
     wide: &[usize],
     out_wide: [bool; M],
     body: F,
-) -> [Vec<f32>; M]
+) -> KResult<[Vec<f32>; M]>
 where
     F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M]) + Sync,
 {
+    const K: &str = "map_rows";
+    for (k, (data, l)) in inputs.iter().enumerate() {
+        check::view(K, check::input_name(k), data.len(), l)?;
+        check::same_shape(K, check::input_name(k), l, wide)?;
+    }
+    check::elements(K, wide)?;
     let rank = wide.len();
     let cols = wide.last().copied().unwrap_or(1);
     let leading = &wide[..rank.saturating_sub(1)];
@@ -81,5 +89,5 @@ where
             .with_min_len((CHUNK / cols.max(1)).max(1))
             .for_each(row);
     }
-    outs
+    Ok(outs)
 }

@@ -6,6 +6,8 @@ use rayon::prelude::*;
 
 use crate::layout::{Dims, Layout};
 
+use super::check::{self, KResult};
+
 /// Below this many output elements a kernel stays on the calling thread: a rayon fork/join
 /// costs microseconds, which would dominate the small tensors (batch 64, 8x8 images) these
 /// models use.
@@ -28,7 +30,15 @@ pub(crate) fn for_each_chunk(out: &mut [f32], fill: impl Fn(usize, &mut [f32]) +
 }
 
 /// Copies the elements of `l` into a fresh row-major buffer.
-pub fn to_contiguous(data: &[f32], l: &Layout) -> Vec<f32> {
+pub fn to_contiguous(data: &[f32], l: &Layout) -> KResult<Vec<f32>> {
+    const K: &str = "to_contiguous";
+    check::view(K, "data", data.len(), l)?;
+    check::elements(K, &l.shape)?;
+    Ok(contiguous(data, l))
+}
+
+/// [`to_contiguous`] of a layout the caller checked against `data`.
+pub(crate) fn contiguous(data: &[f32], l: &Layout) -> Vec<f32> {
     match contiguous_cow(data, l) {
         Cow::Borrowed(run) => {
             let mut out = crate::pool::take(run.len());
@@ -40,15 +50,19 @@ pub fn to_contiguous(data: &[f32], l: &Layout) -> Vec<f32> {
 }
 
 /// The elements of `l` in row-major order, borrowed when the buffer already holds them so.
+/// The caller checked `l` against `data`.
 pub(crate) fn contiguous_cow<'a>(data: &'a [f32], l: &Layout) -> Cow<'a, [f32]> {
-    if l.is_contiguous() {
+    if l.numel() == 0 {
+        // An empty view's offset may lie past the buffer's end.
+        Cow::Borrowed(&[])
+    } else if l.is_contiguous() {
         Cow::Borrowed(&data[l.offset..l.offset + l.numel()])
     } else {
         Cow::Owned(map_strided(data, l, |v| v))
     }
 }
 
-/// `f` applied to every element of `l`, in row-major order.
+/// `f` applied to every element of `l`, in row-major order. The caller checked `l` against `x`.
 pub(crate) fn map_strided<F: Fn(f32) -> f32 + Sync>(x: &[f32], l: &Layout, f: F) -> Vec<f32> {
     let walk = Walk::new(&l.shape, [l]);
     let mut out = crate::pool::take(l.numel());

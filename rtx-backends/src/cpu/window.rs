@@ -1,5 +1,7 @@
 //! Sliding-window geometry shared by convolution and pooling (PyTorch conventions, floor mode).
 
+use super::check::{self, KResult};
+
 /// An `[N, C, H, W]` input scanned by a `kernel` window with `stride` and zero/`-inf` `padding`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Window2d {
@@ -35,6 +37,44 @@ impl Window2d {
             padding,
             out_size,
         }
+    }
+
+    /// The window of a kernel over an input of shape `x_shape`, refused unless the input has
+    /// rank 4, the kernel and stride are nonzero, the kernel fits in the padded input, and the
+    /// input and output element counts (both `channels` wide) fit in memory.
+    pub(crate) fn checked(
+        name: &'static str,
+        x_shape: &[usize],
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        out_channels: usize,
+    ) -> KResult<Self> {
+        check::shapes(name, x_shape.len() == 4, || {
+            format!("the input has shape {x_shape:?}, not [N, C, H, W]")
+        })?;
+        check::argument(name, stride.iter().all(|&s| s > 0), || {
+            format!("stride {stride:?} has a zero")
+        })?;
+        check::argument(name, kernel.iter().all(|&k| k > 0), || {
+            format!("kernel size {kernel:?} has a zero")
+        })?;
+        for d in 0..2 {
+            let fits = padding[d]
+                .checked_mul(2)
+                .and_then(|p| p.checked_add(x_shape[2 + d]))
+                .is_some_and(|room| room >= kernel[d]);
+            check::shapes(name, fits, || {
+                format!(
+                    "a kernel of {kernel:?} does not fit in the input {:?} padded by {padding:?}",
+                    &x_shape[2..]
+                )
+            })?;
+        }
+        check::elements(name, x_shape)?;
+        let window = Window2d::new(x_shape, kernel, stride, padding);
+        check::elements(name, &window.out_shape(out_channels))?;
+        Ok(window)
     }
 
     /// Input coordinate on axis `d` (0 = height, 1 = width) under output `out` and kernel tap

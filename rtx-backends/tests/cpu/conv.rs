@@ -1,5 +1,5 @@
 use rtx_backends::Layout;
-use rtx_backends::cpu::{conv2d, conv2d_grad_input, conv2d_grad_weight};
+use rtx_backends::cpu::{KernelError, conv2d, conv2d_grad_input, conv2d_grad_weight};
 
 use crate::common::*;
 
@@ -106,7 +106,7 @@ fn conv2d_forward_and_grads_match_reference() {
         });
         let what = format!("x {:?} w {:?}", case.x_shape, case.w_shape);
 
-        let (y, shape) = conv2d(&x, &lx, &w, &lw, case.stride, case.padding);
+        let (y, shape) = conv2d(&x, &lx, &w, &lw, case.stride, case.padding).unwrap();
         assert_eq!(shape.as_slice(), &out_shape[..]);
         assert_close(
             &y,
@@ -115,7 +115,8 @@ fn conv2d_forward_and_grads_match_reference() {
             1e-4,
             &format!("forward {what}"),
         );
-        let dx = conv2d_grad_input(&g, &lg, &w, &lw, &case.x_shape, case.stride, case.padding);
+        let dx =
+            conv2d_grad_input(&g, &lg, &w, &lw, &case.x_shape, case.stride, case.padding).unwrap();
         assert_close(
             &dx,
             &want_dx,
@@ -123,7 +124,8 @@ fn conv2d_forward_and_grads_match_reference() {
             1e-4,
             &format!("grad input {what}"),
         );
-        let dw = conv2d_grad_weight(&x, &lx, &g, &lg, &case.w_shape, case.stride, case.padding);
+        let dw =
+            conv2d_grad_weight(&x, &lx, &g, &lg, &case.w_shape, case.stride, case.padding).unwrap();
         assert_close(
             &dw,
             &want_dw,
@@ -132,4 +134,116 @@ fn conv2d_forward_and_grads_match_reference() {
             &format!("grad weight {what}"),
         );
     }
+}
+
+#[test]
+fn conv2d_refuses_a_weight_with_other_input_channels() {
+    let (x, w) = (vec![0.0f32; 2 * 3 * 5 * 5], vec![0.0f32; 4 * 2 * 3 * 3]);
+    let err = conv2d(
+        &x,
+        &Layout::contiguous(&[2, 3, 5, 5]),
+        &w,
+        &Layout::contiguous(&[4, 2, 3, 3]),
+        [1, 1],
+        [0, 0],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Shapes {
+                kernel: "conv2d",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn conv2d_refuses_a_kernel_larger_than_the_padded_input() {
+    let (x, w) = (vec![0.0f32; 4 * 4], vec![0.0f32; 7 * 7]);
+    let err = conv2d(
+        &x,
+        &Layout::contiguous(&[1, 1, 4, 4]),
+        &w,
+        &Layout::contiguous(&[1, 1, 7, 7]),
+        [1, 1],
+        [1, 1],
+    )
+    .unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
+}
+
+#[test]
+fn conv2d_refuses_a_zero_stride() {
+    let (x, w) = (vec![0.0f32; 4 * 4], vec![0.0f32; 3 * 3]);
+    let err = conv2d(
+        &x,
+        &Layout::contiguous(&[1, 1, 4, 4]),
+        &w,
+        &Layout::contiguous(&[1, 1, 3, 3]),
+        [1, 0],
+        [0, 0],
+    )
+    .unwrap_err();
+    assert!(matches!(err, KernelError::Argument { .. }), "{err}");
+}
+
+#[test]
+fn conv2d_refuses_an_input_of_rank_three() {
+    let (x, w) = (vec![0.0f32; 3 * 4 * 4], vec![0.0f32; 3 * 3 * 3]);
+    let err = conv2d(
+        &x,
+        &Layout::contiguous(&[3, 4, 4]),
+        &w,
+        &Layout::contiguous(&[1, 3, 3, 3]),
+        [1, 1],
+        [0, 0],
+    )
+    .unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
+}
+
+#[test]
+fn conv2d_grad_input_refuses_a_gradient_of_another_shape_than_the_output() {
+    // x [1, 1, 5, 5] by w [2, 1, 3, 3] gives [1, 2, 3, 3]; the gradient has one channel.
+    let (g, w) = (vec![0.0f32; 9], vec![0.0f32; 2 * 9]);
+    let err = conv2d_grad_input(
+        &g,
+        &Layout::contiguous(&[1, 1, 3, 3]),
+        &w,
+        &Layout::contiguous(&[2, 1, 3, 3]),
+        &[1, 1, 5, 5],
+        [1, 1],
+        [0, 0],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Shapes {
+                kernel: "conv2d_grad_input",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn conv2d_grad_weight_refuses_a_gradient_of_another_shape_than_the_output() {
+    // x [1, 1, 5, 5] by a [2, 1, 3, 3] weight gives [1, 2, 3, 3]; the gradient is 4 x 4.
+    let (x, g) = (vec![0.0f32; 25], vec![0.0f32; 2 * 16]);
+    let err = conv2d_grad_weight(
+        &x,
+        &Layout::contiguous(&[1, 1, 5, 5]),
+        &g,
+        &Layout::contiguous(&[1, 2, 4, 4]),
+        &[2, 1, 3, 3],
+        [1, 1],
+        [0, 0],
+    )
+    .unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
 }

@@ -34,15 +34,20 @@ fn kernels_are_bit_identical_across_thread_counts() {
 
     let run_all = || -> Vec<Vec<u32>> {
         vec![
-            bits(&matmul(&a, &la, &b, &lb).0),
-            bits(&reduce(ReduceOp::Sum, &x, &lx, &[0], false).0),
-            bits(&reduce(ReduceOp::Sum, &x, &lx, &[0, 1], false).0),
-            bits(&reduce(ReduceOp::Mean, &x, &lx.permute(&[1, 0]), &[1], true).0),
+            bits(&matmul(&a, &la, &b, &lb).unwrap().0),
+            bits(&reduce(ReduceOp::Sum, &x, &lx, &[0], false).unwrap().0),
+            bits(&reduce(ReduceOp::Sum, &x, &lx, &[0, 1], false).unwrap().0),
+            bits(
+                &reduce(ReduceOp::Mean, &x, &lx.permute(&[1, 0]), &[1], true)
+                    .unwrap()
+                    .0,
+            ),
             bits(
                 &map_rows([(&x[..], &lx)], &lx.shape, [false], |ins, cols, outs| {
                     let [o] = outs;
                     o[0] = (0..cols).map(|j| ins[0].at(j).exp()).sum();
-                })[0],
+                })
+                .unwrap()[0],
             ),
             bits(
                 &pick_last_grad(
@@ -53,18 +58,10 @@ fn kernels_are_bit_identical_across_thread_counts() {
                 )
                 .unwrap(),
             ),
-            bits(&conv2d(&img, &limg, &w, &lw, [1, 1], [1, 1]).0),
-            bits(&conv2d_grad_weight(
-                &img,
-                &limg,
-                &g,
-                &lg,
-                &lw.shape,
-                [1, 1],
-                [1, 1],
-            )),
-            bits(&scatter_add_rows(&rows, &lrows, &ids, 30)),
-            bits(&dropout_mask(100_000, 0.25, 9)),
+            bits(&conv2d(&img, &limg, &w, &lw, [1, 1], [1, 1]).unwrap().0),
+            bits(&conv2d_grad_weight(&img, &limg, &g, &lg, &lw.shape, [1, 1], [1, 1]).unwrap()),
+            bits(&scatter_add_rows(&rows, &lrows, &ids, 30).unwrap()),
+            bits(&dropout_mask(100_000, 0.25, 9).unwrap()),
         ]
     };
     let one = in_pool(1, run_all);

@@ -1,5 +1,7 @@
 use rtx_backends::Layout;
-use rtx_backends::cpu::{BinaryOp, UnaryOp, binary, broadcast_shape, to_contiguous, unary};
+use rtx_backends::cpu::{
+    BinaryOp, KernelError, UnaryOp, binary, broadcast_shape, to_contiguous, unary,
+};
 
 use crate::common::*;
 
@@ -53,7 +55,7 @@ fn unary_matches_reference_on_every_view() {
                 .map(|v| unary_reference(op, v))
                 .collect();
             assert_close(
-                &unary(op, &x, &l),
+                &unary(op, &x, &l).unwrap(),
                 &want,
                 1e-6,
                 1e-4,
@@ -69,10 +71,16 @@ fn unary_and_to_contiguous_on_a_large_strided_input() {
     let mut rng = Rng::new(2);
     let (x, l) = random_view(&mut rng, &[130, 7, 60], View::Reversed);
     let want = read(&x, &l);
-    assert_close(&to_contiguous(&x, &l), &want, 0.0, 0.0, "to_contiguous");
+    assert_close(
+        &to_contiguous(&x, &l).unwrap(),
+        &want,
+        0.0,
+        0.0,
+        "to_contiguous",
+    );
     let doubled: Vec<f64> = want.iter().map(|v| v * 2.0).collect();
     assert_close(
-        &unary(UnaryOp::MulScalar(2.0), &x, &l),
+        &unary(UnaryOp::MulScalar(2.0), &x, &l).unwrap(),
         &doubled,
         0.0,
         0.0,
@@ -86,7 +94,7 @@ fn to_contiguous_of_every_view_and_a_scalar() {
     for view in ALL_VIEWS {
         let (x, l) = random_view(&mut rng, &[3, 4, 2], view);
         assert_close(
-            &to_contiguous(&x, &l),
+            &to_contiguous(&x, &l).unwrap(),
             &read(&x, &l),
             0.0,
             0.0,
@@ -98,7 +106,7 @@ fn to_contiguous_of_every_view_and_a_scalar() {
         strides: vec![].into(),
         offset: 2,
     };
-    assert_eq!(to_contiguous(&[1.0, 2.0, 3.0], &scalar), vec![3.0]);
+    assert_eq!(to_contiguous(&[1.0, 2.0, 3.0], &scalar).unwrap(), vec![3.0]);
 }
 
 fn binary_reference(op: BinaryOp, a: f64, b: f64) -> f64 {
@@ -198,7 +206,7 @@ fn binary_matches_reference_with_broadcasting_and_views() {
                     if v.abs() < 0.25 { 0.5 } else { v }
                 });
                 let a: Vec<f32> = a.iter().map(|v| (v * 4.0).round() / 4.0).collect();
-                let (got, shape) = binary(op, &a, &la, &b, &lb);
+                let (got, shape) = binary(op, &a, &la, &b, &lb).unwrap();
                 let want_shape = broadcast_shape(sa, sb).unwrap();
                 assert_eq!(shape.as_slice(), &want_shape[..]);
                 let want = binary_naive(op, &read(&a, &la), sa, &read(&b, &lb), sb, &shape);
@@ -219,7 +227,7 @@ fn binary_on_large_inputs_with_scalar_broadcast() {
     let mut rng = Rng::new(5);
     let (a, la) = random_view(&mut rng, &[200, 300], View::Contiguous);
     let (b, lb) = random_view(&mut rng, &[300], View::Contiguous);
-    let (got, shape) = binary(BinaryOp::Mul, &a, &la, &b, &lb);
+    let (got, shape) = binary(BinaryOp::Mul, &a, &la, &b, &lb).unwrap();
     let want = binary_naive(
         BinaryOp::Mul,
         &read(&a, &la),
@@ -229,7 +237,7 @@ fn binary_on_large_inputs_with_scalar_broadcast() {
         &shape,
     );
     assert_close(&got, &want, 0.0, 1e-7, "row broadcast");
-    let (got, _) = binary(BinaryOp::Sub, &b, &Layout::contiguous(&[1]), &a, &la);
+    let (got, _) = binary(BinaryOp::Sub, &b, &Layout::contiguous(&[1]), &a, &la).unwrap();
     let want = binary_naive(
         BinaryOp::Sub,
         &[b[0] as f64],
@@ -257,8 +265,64 @@ fn broadcast_shape_follows_numpy() {
 fn activations_stay_finite_at_extremes() {
     let x = [-100.0f32, -20.0, 0.0, 20.0, 100.0];
     let l = Layout::contiguous(&[5]);
-    let sigmoid = unary(UnaryOp::Sigmoid, &x, &l);
+    let sigmoid = unary(UnaryOp::Sigmoid, &x, &l).unwrap();
     assert!((0.0..1e-30).contains(&sigmoid[0]));
     assert_eq!(sigmoid[4], 1.0);
-    assert!(unary(UnaryOp::Gelu, &x, &l).iter().all(|v| v.is_finite()));
+    assert!(
+        unary(UnaryOp::Gelu, &x, &l)
+            .unwrap()
+            .iter()
+            .all(|v| v.is_finite())
+    );
+}
+
+#[test]
+fn binary_refuses_shapes_that_do_not_broadcast() {
+    let (a, b) = (vec![0.0f32; 6], vec![0.0f32; 4]);
+    let err = binary(
+        BinaryOp::Add,
+        &a,
+        &Layout::contiguous(&[2, 3]),
+        &b,
+        &Layout::contiguous(&[2, 2]),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Shapes {
+                kernel: "binary",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn unary_refuses_a_layout_that_reads_past_its_buffer() {
+    let x = vec![0.0f32; 5];
+    let err = unary(UnaryOp::Relu, &x, &Layout::contiguous(&[2, 3])).unwrap_err();
+    assert!(matches!(err, KernelError::View { arg: "x", .. }), "{err}");
+}
+
+#[test]
+fn to_contiguous_refuses_strides_of_another_rank_than_the_shape() {
+    let x = vec![0.0f32; 6];
+    let l = Layout {
+        shape: vec![2, 3].into(),
+        strides: vec![1].into(),
+        offset: 0,
+    };
+    let err = to_contiguous(&x, &l).unwrap_err();
+    assert!(matches!(err, KernelError::View { .. }), "{err}");
+}
+
+#[test]
+fn to_contiguous_of_an_empty_view_whose_offset_is_past_the_buffer_is_empty() {
+    // Narrowed to the last columns, then to no rows after the last one.
+    let x = vec![0.0f32; 15];
+    let l = Layout::contiguous(&[5, 3]).narrow(1, 1, 2).narrow(0, 5, 0);
+    assert!(l.offset > x.len());
+    assert!(to_contiguous(&x, &l).unwrap().is_empty());
 }

@@ -1,5 +1,5 @@
 use rtx_backends::Layout;
-use rtx_backends::cpu::map_fused;
+use rtx_backends::cpu::{KernelError, map_fused, map_rows};
 
 use crate::common::*;
 
@@ -10,7 +10,7 @@ fn body([a, b]: [f32; 2]) -> [f32; 2] {
 }
 
 fn check(a: &[f32], la: &Layout, b: &[f32], lb: &Layout, shape: &[usize]) {
-    let [y0, y1] = map_fused([(a, la), (b, lb)], shape, body);
+    let [y0, y1] = map_fused([(a, la), (b, lb)], shape, body).unwrap();
     let (ra, rb) = (read(a, la), read(b, lb));
     assert_eq!(y0.len(), ra.len());
     for i in 0..ra.len() {
@@ -56,8 +56,71 @@ fn fused_map_of_a_buffer_beyond_the_caches_matches_the_body() {
     let n = 9 * 1024 * 1024 + 3;
     let (a, b) = (rng.vec(n), rng.vec(n));
     let l = Layout::contiguous(&[n]);
-    let [y0, y1] = map_fused([(&a[..], &l), (&b[..], &l)], &[n], body);
+    let [y0, y1] = map_fused([(&a[..], &l), (&b[..], &l)], &[n], body).unwrap();
     for i in (0..n).step_by(997).chain(n - 20..n) {
         assert_eq!([y0[i], y1[i]], body([a[i], b[i]]), "element {i}");
     }
+}
+
+#[test]
+fn map_fused_refuses_an_input_of_another_shape() {
+    let (a, b) = (vec![0.0f32; 6], vec![0.0f32; 6]);
+    let err = map_fused(
+        [
+            (&a[..], &Layout::contiguous(&[2, 3])),
+            (&b[..], &Layout::contiguous(&[3, 2])),
+        ],
+        &[2, 3],
+        body,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Shapes {
+                kernel: "map_fused",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn map_fused_refuses_an_input_that_reads_past_its_buffer() {
+    let (a, b) = (vec![0.0f32; 6], vec![0.0f32; 5]);
+    let l = Layout::contiguous(&[2, 3]);
+    let err = map_fused([(&a[..], &l), (&b[..], &l)], &[2, 3], body).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::View {
+                arg: "inputs[1]",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn map_rows_refuses_an_input_of_another_shape() {
+    let x = [0.0f32; 6];
+    let err = map_rows(
+        [(&x[..], &Layout::contiguous(&[3, 2]))],
+        &[2, 3],
+        [false],
+        |_, _, _| {},
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Shapes {
+                kernel: "map_rows",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

@@ -25,7 +25,7 @@ fn concat_matches_reference_on_each_axis() {
             .map(|(shape, view)| random_view(&mut rng, shape, view))
             .collect();
         let refs: Vec<(&[f32], &Layout)> = inputs.iter().map(|(d, l)| (d.as_slice(), l)).collect();
-        let (got, shape) = concat(&refs, axis);
+        let (got, shape) = concat(&refs, axis).unwrap();
         let mut want_shape = vec![4, 3, 5];
         want_shape[axis] = 6;
         assert_eq!(shape.as_slice(), &want_shape[..]);
@@ -67,7 +67,7 @@ fn pad_narrow_places_the_gradient() {
             })
             .collect();
         assert_close(
-            &pad_narrow(&g, &lg, axis, start, full_len),
+            &pad_narrow(&g, &lg, axis, start, full_len).unwrap(),
             &want,
             0.0,
             0.0,
@@ -89,7 +89,7 @@ fn gather_rows_reads_any_table_layout() {
             .flat_map(|&id| tv[id as usize * dim..(id as usize + 1) * dim].to_vec())
             .collect();
         assert_close(
-            &gather_rows(&table, &lt, &ids),
+            &gather_rows(&table, &lt, &ids).unwrap(),
             &want,
             0.0,
             0.0,
@@ -113,7 +113,7 @@ fn scatter_add_rows_sums_repeated_ids() {
             }
         }
         assert_close(
-            &scatter_add_rows(&g, &lg, &ids, vocab),
+            &scatter_add_rows(&g, &lg, &ids, vocab).unwrap(),
             &want,
             1e-5,
             1e-4,
@@ -181,4 +181,99 @@ fn pick_last_refuses_a_count_of_indices_that_is_not_one_per_row() {
     let x = vec![0.0f32; 6];
     let err = pick_last(&x, &Layout::contiguous(&[2, 3]), &[0]).unwrap_err();
     assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
+}
+
+#[test]
+fn gather_rows_refuses_an_id_outside_the_table() {
+    let table = vec![0.0f32; 4 * 3];
+    let err = gather_rows(&table, &Layout::contiguous(&[4, 3]), &[1, 4]).unwrap_err();
+    assert_eq!(
+        err,
+        KernelError::Index {
+            kernel: "gather_rows",
+            position: 1,
+            value: 4,
+            limit: 4
+        }
+    );
+}
+
+#[test]
+fn gather_rows_refuses_a_table_that_is_not_a_matrix() {
+    let table = vec![0.0f32; 12];
+    let err = gather_rows(&table, &Layout::contiguous(&[12]), &[0]).unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
+}
+
+#[test]
+fn scatter_add_rows_refuses_an_id_outside_the_vocabulary() {
+    let g = vec![0.0f32; 2 * 3];
+    let err = scatter_add_rows(&g, &Layout::contiguous(&[2, 3]), &[0, -1], 5).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Index {
+                position: 1,
+                value: -1,
+                limit: 5,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn scatter_add_rows_refuses_a_gradient_with_another_row_count_than_ids() {
+    let g = vec![0.0f32; 3 * 3];
+    let err = scatter_add_rows(&g, &Layout::contiguous(&[3, 3]), &[0, 1], 5).unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
+}
+
+#[test]
+fn concat_refuses_parts_that_differ_off_the_axis() {
+    let (a, b) = (vec![0.0f32; 6], vec![0.0f32; 8]);
+    let (la, lb) = (Layout::contiguous(&[2, 3]), Layout::contiguous(&[2, 4]));
+    let err = concat(&[(&a[..], &la), (&b[..], &lb)], 0).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Shapes {
+                kernel: "concat",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn concat_refuses_an_axis_out_of_range() {
+    let a = [0.0f32; 6];
+    let l = Layout::contiguous(&[2, 3]);
+    let err = concat(&[(&a[..], &l), (&a[..], &l)], 2).unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
+}
+
+#[test]
+fn concat_refuses_an_empty_list_of_parts() {
+    let err = concat(&[], 0).unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
+}
+
+#[test]
+fn pad_narrow_refuses_a_range_past_the_full_length() {
+    let g = vec![0.0f32; 2 * 3];
+    // Three values from 2 do not fit in 4.
+    let err = pad_narrow(&g, &Layout::contiguous(&[2, 3]), 1, 2, 4).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Shapes {
+                kernel: "pad_narrow",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

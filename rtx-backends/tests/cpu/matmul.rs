@@ -1,5 +1,5 @@
 use rtx_backends::Layout;
-use rtx_backends::cpu::{gemm_kernels, matmul, matmul_with};
+use rtx_backends::cpu::{KernelError, gemm_kernels, matmul, matmul_with};
 
 use crate::common::*;
 
@@ -41,7 +41,7 @@ fn matmul_naive(a: &[f64], sa: &[usize], b: &[f64], sb: &[usize]) -> (Vec<f64>, 
 }
 
 fn check(a: &[f32], la: &Layout, b: &[f32], lb: &Layout, what: &str) {
-    let (got, shape) = matmul(a, la, b, lb);
+    let (got, shape) = matmul(a, la, b, lb).unwrap();
     let (want, want_shape) = matmul_naive(&read(a, la), &la.shape, &read(b, lb), &lb.shape);
     assert_eq!(shape.as_slice(), &want_shape[..], "{what}: shape");
     let k = la.shape[la.rank() - 1] as f64;
@@ -124,7 +124,8 @@ fn matmul_empty_dimensions() {
         &Layout::contiguous(&[3, 0]),
         &[],
         &Layout::contiguous(&[0, 4]),
-    );
+    )
+    .unwrap();
     assert_eq!(shape.as_slice(), &[3, 4]);
     assert_eq!(out, vec![0.0; 12]);
     let (out, shape) = matmul(
@@ -132,7 +133,8 @@ fn matmul_empty_dimensions() {
         &Layout::contiguous(&[0, 5]),
         &[0.0; 10],
         &Layout::contiguous(&[5, 2]),
-    );
+    )
+    .unwrap();
     assert_eq!((out.len(), shape.as_slice()), (0, &[0, 2][..]));
 }
 
@@ -159,9 +161,9 @@ fn few_rows_agree_with_the_packed_path() {
         },
     ];
     for lb in &layouts {
-        let (all, _) = matmul(&a, &Layout::contiguous(&[9, k]), &b, lb);
+        let (all, _) = matmul(&a, &Layout::contiguous(&[9, k]), &b, lb).unwrap();
         for m in 1..=4 {
-            let (few, _) = matmul(&a[..m * k], &Layout::contiguous(&[m, k]), &b, lb);
+            let (few, _) = matmul(&a[..m * k], &Layout::contiguous(&[m, k]), &b, lb).unwrap();
             for (x, y) in few.iter().zip(&all[..m * n]) {
                 assert!(
                     (x - y).abs() <= 1e-5 * y.abs().max(1.0),
@@ -194,7 +196,7 @@ fn every_micro_kernel_this_cpu_runs_matches_the_naive_product() {
                 offset: 0,
             };
             for lb in [Layout::contiguous(&[k, n]), lb_t] {
-                let (got, _) = matmul_with(kernel, &a, &la, &b, &lb);
+                let (got, _) = matmul_with(kernel, &a, &la, &b, &lb).unwrap();
                 let (want, _) = matmul_naive(&read(&a, &la), &la.shape, &read(&b, &lb), &lb.shape);
                 let what = format!("{kernel:?} {m}x{k}x{n}");
                 assert_close(&got, &want, 1e-4 * (k as f64).sqrt(), 1e-4, &what);
@@ -245,7 +247,7 @@ fn every_kernel_matches_the_naive_product_on_odd_sizes_and_strided_operands() {
             for (la, a_len, a_kind) in operand_layouts(m, k) {
                 for (lb, b_len, b_kind) in operand_layouts(k, n) {
                     let (a, b) = (rng.vec(a_len), rng.vec(b_len));
-                    let (got, _) = matmul_with(kernel, &a, &la, &b, &lb);
+                    let (got, _) = matmul_with(kernel, &a, &la, &b, &lb).unwrap();
                     let (want, _) =
                         matmul_naive(&read(&a, &la), &la.shape, &read(&b, &lb), &lb.shape);
                     let what = format!("{kernel:?} {m}x{k}x{n}, A {a_kind}, B {b_kind}");
@@ -268,7 +270,7 @@ fn every_kernel_matches_the_naive_product_on_broadcast_batches() {
         ] {
             let (a, la) = random_contiguous(&mut rng, &sa);
             let (b, lb) = random_contiguous(&mut rng, &sb);
-            let (got, shape) = matmul_with(kernel, &a, &la, &b, &lb);
+            let (got, shape) = matmul_with(kernel, &a, &la, &b, &lb).unwrap();
             let (want, want_shape) = matmul_naive(&read(&a, &la), &sa, &read(&b, &lb), &sb);
             assert_eq!(shape.as_slice(), &want_shape[..]);
             let what = format!("{kernel:?} {sa:?} @ {sb:?}");
@@ -289,7 +291,7 @@ fn every_kernel_gives_bit_identical_results_on_any_thread_count() {
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            let (out, _) = pool.install(|| matmul_with(kernel, &a, &la, &b, &lb));
+            let (out, _) = pool.install(|| matmul_with(kernel, &a, &la, &b, &lb).unwrap());
             out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
         };
         let one = on(1);
@@ -313,7 +315,7 @@ fn a_fused_epilogue_matches_matmul_followed_by_the_same_pointwise_code() {
         let (b, lb) = random_contiguous(&mut rng, &sb);
         let n = sb[sb.len() - 1];
         let (bias, _) = random_contiguous(&mut rng, &[n]);
-        let (plain, shape) = matmul(&a, &la, &b, &lb);
+        let (plain, shape) = matmul(&a, &la, &b, &lb).unwrap();
         let bias_layout = Layout::contiguous(&[n]).broadcast_to(&shape);
 
         let ([activated, pre], fused_shape) = matmul_fused(
@@ -323,7 +325,8 @@ fn a_fused_epilogue_matches_matmul_followed_by_the_same_pointwise_code() {
             &lb,
             &[(&bias[..], &bias_layout)],
             |[acc, bias]: [f32; 2]| [(acc + bias).max(0.0), acc + bias],
-        );
+        )
+        .unwrap();
 
         assert_eq!(fused_shape, shape);
         for (i, &p) in plain.iter().enumerate() {
@@ -336,4 +339,125 @@ fn a_fused_epilogue_matches_matmul_followed_by_the_same_pointwise_code() {
             );
         }
     }
+}
+
+#[test]
+fn matmul_refuses_mismatched_inner_dimensions() {
+    let (a, b) = (vec![0.0f32; 6], vec![0.0f32; 8]);
+    let err = matmul(
+        &a,
+        &Layout::contiguous(&[2, 3]),
+        &b,
+        &Layout::contiguous(&[4, 2]),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Shapes {
+                kernel: "matmul",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn matmul_refuses_batch_dimensions_that_do_not_broadcast() {
+    let (a, b) = (vec![0.0f32; 2 * 6], vec![0.0f32; 3 * 6]);
+    let err = matmul(
+        &a,
+        &Layout::contiguous(&[2, 2, 3]),
+        &b,
+        &Layout::contiguous(&[3, 3, 2]),
+    )
+    .unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
+}
+
+#[test]
+fn matmul_refuses_an_operand_of_rank_one() {
+    let (a, b) = (vec![0.0f32; 3], vec![0.0f32; 6]);
+    let err = matmul(
+        &a,
+        &Layout::contiguous(&[3]),
+        &b,
+        &Layout::contiguous(&[3, 2]),
+    )
+    .unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
+}
+
+#[test]
+fn matmul_refuses_a_buffer_too_short_for_its_layout() {
+    // b claims [64, 64] but holds one value less: every kernel this CPU runs refuses it.
+    let (a, b) = (vec![1.0f32; 64 * 64], vec![1.0f32; 64 * 64 - 1]);
+    let l = Layout::contiguous(&[64, 64]);
+    for kernel in gemm_kernels() {
+        let err = matmul_with(kernel, &a, &l, &b, &l).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KernelError::View {
+                    kernel: "matmul",
+                    arg: "b",
+                    ..
+                }
+            ),
+            "{kernel:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn matmul_refuses_an_offset_that_moves_the_operand_past_its_buffer() {
+    let a = vec![1.0f32; 6];
+    let mut la = Layout::contiguous(&[2, 3]);
+    la.offset = 1;
+    let err = matmul(&a, &la, &a, &Layout::contiguous(&[3, 2])).unwrap_err();
+    assert!(matches!(err, KernelError::View { arg: "a", .. }), "{err}");
+}
+
+#[test]
+fn matmul_fused_refuses_an_extra_of_another_shape() {
+    use rtx_backends::cpu::matmul_fused;
+    let (a, b, bias) = (vec![0.0f32; 6], vec![0.0f32; 6], vec![0.0f32; 3]);
+    // The product is [2, 2]; the extra is [2, 3].
+    let extra = Layout::contiguous(&[3]).broadcast_to(&[2, 3]);
+    let err = matmul_fused(
+        &a,
+        &Layout::contiguous(&[2, 3]),
+        &b,
+        &Layout::contiguous(&[3, 2]),
+        &[(&bias[..], &extra)],
+        |[acc, bias]: [f32; 2]| [acc + bias],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Shapes {
+                kernel: "matmul_fused",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn matmul_fused_refuses_a_body_whose_arity_is_not_one_more_than_the_extras() {
+    use rtx_backends::cpu::matmul_fused;
+    let (a, b) = (vec![0.0f32; 6], vec![0.0f32; 6]);
+    let err = matmul_fused(
+        &a,
+        &Layout::contiguous(&[2, 3]),
+        &b,
+        &Layout::contiguous(&[3, 2]),
+        &[],
+        |[acc, other]: [f32; 2]| [acc + other],
+    )
+    .unwrap_err();
+    assert!(matches!(err, KernelError::Argument { .. }), "{err}");
 }

@@ -4,7 +4,7 @@
 
 use half::bf16;
 use rtx_backends::Layout;
-use rtx_backends::cpu::{bf16_kernels, matmul, matmul_bf16_with};
+use rtx_backends::cpu::{KernelError, bf16_kernels, matmul, matmul_bf16_with};
 
 use crate::common::*;
 
@@ -43,7 +43,7 @@ fn every_bf16_kernel_matches_the_f64_product_of_the_bf16_values() {
             for la in layouts(m, k) {
                 for lb in layouts(k, n) {
                     let (a, b) = (to_bf16(&rng.vec(m * k)), to_bf16(&rng.vec(k * n)));
-                    let (got, shape) = matmul_bf16_with(kernel, &a, &la, &b, &lb);
+                    let (got, shape) = matmul_bf16_with(kernel, &a, &la, &b, &lb).unwrap();
                     // The f32 GEMM on the widened values is exact per product, so compare
                     // with an f64 loop over the same values.
                     let (wa, wb) = (widened(&a), widened(&b));
@@ -64,8 +64,8 @@ fn every_bf16_kernel_handles_broadcast_batches() {
         let (sa, sb) = ([3, 19, 33], [33, 40]);
         let (a, b) = (to_bf16(&rng.vec(3 * 19 * 33)), to_bf16(&rng.vec(33 * 40)));
         let (la, lb) = (Layout::contiguous(&sa), Layout::contiguous(&sb));
-        let (got, shape) = matmul_bf16_with(kernel, &a, &la, &b, &lb);
-        let (want, _) = matmul(&widened(&a), &la, &widened(&b), &lb);
+        let (got, shape) = matmul_bf16_with(kernel, &a, &la, &b, &lb).unwrap();
+        let (want, _) = matmul(&widened(&a), &la, &widened(&b), &lb).unwrap();
         assert_eq!(shape.as_slice(), &[3, 19, 40]);
         let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
         assert_close(
@@ -87,9 +87,9 @@ fn bf16_results_stay_within_the_rounding_bound_of_the_f32_product() {
     let (m, k, n) = (64, 300, 48);
     let (a, b) = (rng.vec(m * k), rng.vec(k * n));
     let (la, lb) = (Layout::contiguous(&[m, k]), Layout::contiguous(&[k, n]));
-    let (exact, _) = matmul(&a, &la, &b, &lb);
+    let (exact, _) = matmul(&a, &la, &b, &lb).unwrap();
     for kernel in bf16_kernels() {
-        let (got, _) = matmul_bf16_with(kernel, &to_bf16(&a), &la, &to_bf16(&b), &lb);
+        let (got, _) = matmul_bf16_with(kernel, &to_bf16(&a), &la, &to_bf16(&b), &lb).unwrap();
         for i in 0..m {
             for j in 0..n {
                 let magnitude: f64 = (0..k)
@@ -118,7 +118,7 @@ fn every_bf16_kernel_gives_bit_identical_results_on_any_thread_count() {
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            let (out, _) = pool.install(|| matmul_bf16_with(kernel, &a, &la, &b, &lb));
+            let (out, _) = pool.install(|| matmul_bf16_with(kernel, &a, &la, &b, &lb).unwrap());
             out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
         };
         let one = on(1);
@@ -135,4 +135,42 @@ fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
         }
     }
     out
+}
+
+#[test]
+fn matmul_bf16_refuses_mismatched_inner_dimensions() {
+    let (a, b) = (to_bf16(&[0.0; 6]), to_bf16(&[0.0; 8]));
+    for kernel in bf16_kernels() {
+        let err = matmul_bf16_with(
+            kernel,
+            &a,
+            &Layout::contiguous(&[2, 3]),
+            &b,
+            &Layout::contiguous(&[4, 2]),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KernelError::Shapes {
+                    kernel: "matmul_bf16",
+                    ..
+                }
+            ),
+            "{kernel:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn matmul_bf16_refuses_a_buffer_too_short_for_its_layout() {
+    let (a, b) = (to_bf16(&[1.0; 40 * 40 - 1]), to_bf16(&[1.0; 40 * 40]));
+    let l = Layout::contiguous(&[40, 40]);
+    for kernel in bf16_kernels() {
+        let err = matmul_bf16_with(kernel, &a, &l, &b, &l).unwrap_err();
+        assert!(
+            matches!(err, KernelError::View { arg: "a", .. }),
+            "{kernel:?}: {err}"
+        );
+    }
 }

@@ -1,4 +1,5 @@
-use rtx_backends::cpu::{avg_pool2d, avg_pool2d_grad, max_pool2d, max_pool2d_grad};
+use rtx_backends::Layout;
+use rtx_backends::cpu::{KernelError, avg_pool2d, avg_pool2d_grad, max_pool2d, max_pool2d_grad};
 
 use crate::common::*;
 
@@ -93,10 +94,11 @@ fn max_pool_forward_and_grad_match_reference() {
                 want_dx[first_max] += gv[o];
             }
             let what = format!("{:?} k{:?} {view:?}", case.x_shape, case.kernel);
-            let (y, shape) = max_pool2d(&x, &lx, case.kernel, case.stride, case.padding);
+            let (y, shape) = max_pool2d(&x, &lx, case.kernel, case.stride, case.padding).unwrap();
             assert_eq!(shape.as_slice(), &out_shape[..]);
             assert_close(&y, &want_y, 0.0, 0.0, &format!("max forward {what}"));
-            let dx = max_pool2d_grad(&x, &lx, &g, &lg, case.kernel, case.stride, case.padding);
+            let dx =
+                max_pool2d_grad(&x, &lx, &g, &lg, case.kernel, case.stride, case.padding).unwrap();
             assert_close(&dx, &want_dx, 1e-6, 1e-5, &format!("max grad {what}"));
         }
     }
@@ -122,7 +124,7 @@ fn avg_pool_forward_and_grad_match_reference() {
                 }
             }
             let what = format!("{:?} k{:?} {view:?}", case.x_shape, case.kernel);
-            let (y, shape) = avg_pool2d(&x, &lx, case.kernel, case.stride, case.padding);
+            let (y, shape) = avg_pool2d(&x, &lx, case.kernel, case.stride, case.padding).unwrap();
             assert_eq!(shape.as_slice(), &out_shape[..]);
             assert_close(&y, &want_y, 1e-6, 1e-4, &format!("avg forward {what}"));
             let dx = avg_pool2d_grad(
@@ -132,8 +134,78 @@ fn avg_pool_forward_and_grad_match_reference() {
                 case.kernel,
                 case.stride,
                 case.padding,
-            );
+            )
+            .unwrap();
             assert_close(&dx, &want_dx, 1e-6, 1e-4, &format!("avg grad {what}"));
         }
     }
+}
+
+#[test]
+fn max_pool2d_refuses_a_zero_kernel() {
+    let x = vec![0.0f32; 16];
+    let err = max_pool2d(
+        &x,
+        &Layout::contiguous(&[1, 1, 4, 4]),
+        [0, 2],
+        [1, 1],
+        [0, 0],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Argument {
+                kernel: "max_pool2d",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn avg_pool2d_refuses_a_zero_stride() {
+    let x = vec![0.0f32; 16];
+    let err = avg_pool2d(
+        &x,
+        &Layout::contiguous(&[1, 1, 4, 4]),
+        [2, 2],
+        [0, 1],
+        [0, 0],
+    )
+    .unwrap_err();
+    assert!(matches!(err, KernelError::Argument { .. }), "{err}");
+}
+
+#[test]
+fn max_pool2d_grad_refuses_a_gradient_of_another_shape_than_the_output() {
+    // A 2 x 2 window with stride 2 over 4 x 4 gives 2 x 2; the gradient is 3 x 3.
+    let (x, g) = (vec![0.0f32; 16], vec![0.0f32; 9]);
+    let err = max_pool2d_grad(
+        &x,
+        &Layout::contiguous(&[1, 1, 4, 4]),
+        &g,
+        &Layout::contiguous(&[1, 1, 3, 3]),
+        [2, 2],
+        [2, 2],
+        [0, 0],
+    )
+    .unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
+}
+
+#[test]
+fn avg_pool2d_grad_refuses_an_input_shape_of_rank_three() {
+    let g = vec![0.0f32; 4];
+    let err = avg_pool2d_grad(
+        &g,
+        &Layout::contiguous(&[1, 2, 2]),
+        &[1, 4, 4],
+        [2, 2],
+        [2, 2],
+        [0, 0],
+    )
+    .unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
 }

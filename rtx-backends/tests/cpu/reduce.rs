@@ -1,5 +1,5 @@
 use rtx_backends::Layout;
-use rtx_backends::cpu::{ReduceOp, max_grad, reduce, sum_to};
+use rtx_backends::cpu::{KernelError, ReduceOp, max_grad, reduce, sum_to};
 
 use crate::common::*;
 
@@ -58,7 +58,7 @@ fn reduce_matches_reference_on_every_view() {
             let values = read(&x, &l);
             for axes in AXIS_SETS {
                 for keepdim in [false, true] {
-                    let (got, got_shape) = reduce(op, &x, &l, axes, keepdim);
+                    let (got, got_shape) = reduce(op, &x, &l, axes, keepdim).unwrap();
                     assert_eq!(
                         got_shape.as_slice(),
                         &keepdim_shape(&shape, axes, keepdim)[..]
@@ -84,7 +84,7 @@ fn reduce_long_groups_in_pieces() {
     let (x, l) = random_view(&mut rng, &[2, 70_000], View::Contiguous);
     let values = read(&x, &l);
     for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
-        let (got, _) = reduce(op, &x, &l, &[1], false);
+        let (got, _) = reduce(op, &x, &l, &[1], false).unwrap();
         assert_close(
             &got,
             &reduce_naive(op, &values, &l.shape, &[1]),
@@ -92,7 +92,7 @@ fn reduce_long_groups_in_pieces() {
             1e-4,
             &format!("{op:?} rows"),
         );
-        let (got, _) = reduce(op, &x, &l, &[0, 1], false);
+        let (got, _) = reduce(op, &x, &l, &[0, 1], false).unwrap();
         assert_close(
             &got,
             &reduce_naive(op, &values, &l.shape, &[0, 1]),
@@ -102,7 +102,7 @@ fn reduce_long_groups_in_pieces() {
         );
     }
     let t = l.permute(&[1, 0]);
-    let (got, shape) = reduce(ReduceOp::Sum, &x, &t, &[0], true);
+    let (got, shape) = reduce(ReduceOp::Sum, &x, &t, &[0], true).unwrap();
     assert_eq!(shape.as_slice(), &[1, 2]);
     assert_close(
         &got,
@@ -116,7 +116,7 @@ fn reduce_long_groups_in_pieces() {
 #[test]
 fn reduce_propagates_nan_through_max() {
     let x = [1.0, f32::NAN, 3.0, 2.0];
-    let (got, _) = reduce(ReduceOp::Max, &x, &Layout::contiguous(&[4]), &[0], false);
+    let (got, _) = reduce(ReduceOp::Max, &x, &Layout::contiguous(&[4]), &[0], false).unwrap();
     assert!(got[0].is_nan());
 }
 
@@ -159,7 +159,7 @@ fn max_grad_routes_to_first_max_with_ties() {
                         View::Reversed
                     },
                 );
-                let got = max_grad(&x, &l, &g, &lg, axes, keepdim);
+                let got = max_grad(&x, &l, &g, &lg, axes, keepdim).unwrap();
                 let want = max_grad_naive(&values, &shape, axes, &read(&g, &lg));
                 assert_close(
                     &got,
@@ -206,7 +206,7 @@ fn sum_to_inverts_broadcasting() {
                 out
             };
             assert_close(
-                &sum_to(&g, &lg, target),
+                &sum_to(&g, &lg, target).unwrap(),
                 &want,
                 1e-6,
                 1e-4,
@@ -214,4 +214,75 @@ fn sum_to_inverts_broadcasting() {
             );
         }
     }
+}
+
+#[test]
+fn reduce_refuses_an_axis_out_of_range() {
+    let x = vec![0.0f32; 6];
+    let err = reduce(ReduceOp::Sum, &x, &Layout::contiguous(&[2, 3]), &[2], false).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Shapes {
+                kernel: "reduce",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn reduce_refuses_an_axis_given_twice() {
+    let x = vec![0.0f32; 6];
+    let err = reduce(
+        ReduceOp::Max,
+        &x,
+        &Layout::contiguous(&[2, 3]),
+        &[1, 1],
+        true,
+    )
+    .unwrap_err();
+    assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
+}
+
+#[test]
+fn max_grad_refuses_a_gradient_of_another_shape_than_the_reduction() {
+    // [2, 3] reduced over axis 1 is [2]; the gradient is [3].
+    let (x, g) = (vec![0.0f32; 6], vec![0.0f32; 3]);
+    let err = max_grad(
+        &x,
+        &Layout::contiguous(&[2, 3]),
+        &g,
+        &Layout::contiguous(&[3]),
+        &[1],
+        false,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Shapes {
+                kernel: "max_grad",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn sum_to_refuses_a_shape_that_does_not_broadcast_to_the_gradient() {
+    let g = vec![0.0f32; 6];
+    let err = sum_to(&g, &Layout::contiguous(&[2, 3]), &[2]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Shapes {
+                kernel: "sum_to",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

@@ -10,7 +10,8 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use super::{Blocking, OutPtr, PARALLEL_WORK, batch_layout, blocking};
+use super::{Blocking, OutPtr, PARALLEL_WORK, Product, batch_layout, blocking};
+use crate::cpu::check::KResult;
 use crate::cpu::strided::{numel, position};
 use crate::layout::{Dims, Layout};
 
@@ -45,7 +46,7 @@ pub fn bf16_kernels() -> Vec<Bf16Kernel> {
 
 /// Batched bf16 matmul with f32 results: a [..., M, K] @ b [..., K, N] -> [..., M, N], batch
 /// dims broadcast NumPy style, rank >= 2 each; the best kernel this CPU runs.
-pub fn matmul_bf16(a: &[bf16], la: &Layout, b: &[bf16], lb: &Layout) -> (Vec<f32>, Dims) {
+pub fn matmul_bf16(a: &[bf16], la: &Layout, b: &[bf16], lb: &Layout) -> KResult<(Vec<f32>, Dims)> {
     let best = bf16_kernels().last().copied().unwrap_or(Bf16Kernel::Widen);
     matmul_bf16_with(best, a, la, b, lb)
 }
@@ -58,22 +59,23 @@ pub fn matmul_bf16_with(
     la: &Layout,
     b: &[bf16],
     lb: &Layout,
-) -> (Vec<f32>, Dims) {
+) -> KResult<(Vec<f32>, Dims)> {
+    let product = Product::check("matmul_bf16", a.len(), la, b.len(), lb)?;
     #[cfg(target_arch = "x86_64")]
     if kernel == Bf16Kernel::Avx512Bf16 && supported(kernel) {
-        return packed_pairs(a, la, b, lb);
+        let out = packed_pairs(a, la, b, lb, &product);
+        return Ok((out, product.out_shape));
     }
-    {
-        let widen = |x: &[bf16]| {
-            let mut out = crate::pool::take(x.len());
-            for (o, v) in out.iter_mut().zip(x) {
-                *o = v.to_f32();
-            }
-            crate::pool::Scratch(out)
-        };
-        let (af, bf) = (widen(a), widen(b));
-        super::matmul(&af, la, &bf, lb)
-    }
+    let widen = |x: &[bf16]| {
+        let mut out = crate::pool::take(x.len());
+        for (o, v) in out.iter_mut().zip(x) {
+            *o = v.to_f32();
+        }
+        crate::pool::Scratch(out)
+    };
+    let (af, bf) = (widen(a), widen(b));
+    let out = super::gemm(super::gemm_kernel(), &af, la, &bf, lb, &product, None);
+    Ok((out, product.out_shape))
 }
 
 /// Tile of the `vdpbf16ps` kernel.
@@ -82,28 +84,26 @@ const NR: usize = 32;
 /// K pairs per slice (512 values of K).
 const KCP: usize = 256;
 
+/// The product of operands that passed [`Product::check`], with `vdpbf16ps`; C has shape
+/// `product.out_shape`.
 #[cfg(target_arch = "x86_64")]
-fn packed_pairs(a: &[bf16], la: &Layout, b: &[bf16], lb: &Layout) -> (Vec<f32>, Dims) {
+fn packed_pairs(a: &[bf16], la: &Layout, b: &[bf16], lb: &Layout, product: &Product) -> Vec<f32> {
     let (rank_a, rank_b) = (la.rank(), lb.rank());
-    let (m, k) = (la.shape[rank_a - 2], la.shape[rank_a - 1]);
-    let n = lb.shape[rank_b - 1];
-    let batch_shape = crate::cpu::broadcast_shape(&la.shape[..rank_a - 2], &lb.shape[..rank_b - 2])
-        .expect("caller guarantees broadcastable batch dims");
-    let mut out_shape = batch_shape.clone();
-    out_shape.extend([m, n]);
-    if numel(&out_shape) == 0 || k == 0 {
-        return (crate::pool::take_zeroed(numel(&out_shape)), out_shape);
+    let Product {
+        m,
+        k,
+        n,
+        ref batch_shape,
+        ref out_shape,
+    } = *product;
+    if numel(out_shape) == 0 || k == 0 {
+        return crate::pool::take_zeroed(numel(out_shape));
     }
-    let mut out = crate::pool::take(numel(&out_shape));
-    let batches = numel(&batch_shape);
-    let (a_batches, b_batches) = (
-        batch_layout(la, &batch_shape),
-        batch_layout(lb, &batch_shape),
-    );
-    let a_base =
-        |batch: usize| a_batches.offset + position(batch, &batch_shape, &a_batches.strides);
-    let b_base =
-        |batch: usize| b_batches.offset + position(batch, &batch_shape, &b_batches.strides);
+    let mut out = crate::pool::take(numel(out_shape));
+    let batches = numel(batch_shape);
+    let (a_batches, b_batches) = (batch_layout(la, batch_shape), batch_layout(lb, batch_shape));
+    let a_base = |batch: usize| a_batches.offset + position(batch, batch_shape, &a_batches.strides);
+    let b_base = |batch: usize| b_batches.offset + position(batch, batch_shape, &b_batches.strides);
     let (a_rs, a_cs) = (la.strides[rank_a - 2], la.strides[rank_a - 1]);
     let (b_rs, b_cs) = (lb.strides[rank_b - 2], lb.strides[rank_b - 1]);
     let pairs = k.div_ceil(2);
@@ -112,7 +112,7 @@ fn packed_pairs(a: &[bf16], la: &Layout, b: &[bf16], lb: &Layout) -> (Vec<f32>, 
     let b_count = if b_shared { 1 } else { batches };
     let panel_len = pairs * NR * 2;
     let b_len = panels * panel_len;
-    let parallel = batches * m * n * k >= PARALLEL_WORK;
+    let parallel = (batches * m * n).saturating_mul(k) >= PARALLEL_WORK;
 
     // B: per column panel, per K pair, the 32 columns' (k, k + 1) values side by side.
     let mut packed_b = vec![0u16; b_count * b_len];
@@ -229,7 +229,7 @@ fn packed_pairs(a: &[bf16], la: &Layout, b: &[bf16], lb: &Layout) -> (Vec<f32>, 
     } else {
         (0..tasks).for_each(run);
     }
-    (out, out_shape)
+    out
 }
 
 /// One 14 x 32 tile over `kp` K pairs: 28 `zmm` accumulators, two B vectors (16 columns x

@@ -23,6 +23,7 @@ use rayon::prelude::*;
 
 use crate::layout::{Dims, Layout};
 
+use super::check::{self, KResult, KernelError};
 use super::elementwise::broadcast_shape;
 use super::strided::{numel, position};
 use kernels::MicroKernel;
@@ -163,8 +164,96 @@ pub fn gemm_kernel() -> GemmKernel {
 
 /// Batched matmul: a [..., M, K] @ b [..., K, N] -> [..., M, N], batch dims broadcast NumPy
 /// style; rank >= 2 each (caller promotes 1-D). Returns (out, out_shape).
-pub fn matmul(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> (Vec<f32>, Dims) {
+pub fn matmul(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> KResult<(Vec<f32>, Dims)> {
     matmul_with(gemm_kernel(), a, la, b, lb)
+}
+
+/// The sizes of a product whose operands passed [`Product::check`]: `[.., M, K] @ [.., K, N]`
+/// over the broadcast batch shape.
+pub(crate) struct Product {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub batch_shape: Dims,
+    pub out_shape: Dims,
+}
+
+impl Product {
+    /// Refuses operands the GEMM cannot use: a layout reaching past its buffer, a rank below
+    /// 2, inner dimensions that differ, batch dimensions that do not broadcast, or an operand
+    /// or output whose element count overflows.
+    pub(crate) fn check(
+        kernel: &'static str,
+        a_len: usize,
+        la: &Layout,
+        b_len: usize,
+        lb: &Layout,
+    ) -> KResult<Product> {
+        check::view(kernel, "a", a_len, la)?;
+        check::view(kernel, "b", b_len, lb)?;
+        let (rank_a, rank_b) = (la.rank(), lb.rank());
+        check::shapes(kernel, rank_a >= 2 && rank_b >= 2, || {
+            format!(
+                "{:?} @ {:?}: both operands need rank 2 or more",
+                &la.shape[..],
+                &lb.shape[..]
+            )
+        })?;
+        let (m, k) = (la.shape[rank_a - 2], la.shape[rank_a - 1]);
+        let n = lb.shape[rank_b - 1];
+        check::shapes(kernel, lb.shape[rank_b - 2] == k, || {
+            format!(
+                "{:?} @ {:?}: the inner dimensions {k} and {} differ",
+                &la.shape[..],
+                &lb.shape[..],
+                lb.shape[rank_b - 2]
+            )
+        })?;
+        let Some(batch_shape) = broadcast_shape(&la.shape[..rank_a - 2], &lb.shape[..rank_b - 2])
+        else {
+            return Err(KernelError::Shapes {
+                kernel,
+                detail: format!(
+                    "{:?} @ {:?}: the batch dimensions do not broadcast",
+                    &la.shape[..],
+                    &lb.shape[..]
+                ),
+            });
+        };
+        check::elements(kernel, &la.shape)?;
+        check::elements(kernel, &lb.shape)?;
+        let mut out_shape = batch_shape.clone();
+        out_shape.extend([m, n]);
+        check::elements(kernel, &out_shape)?;
+        Ok(Product {
+            m,
+            k,
+            n,
+            batch_shape,
+            out_shape,
+        })
+    }
+
+    /// A product of two matrices (rank 2 each) that an internal caller built over buffers it
+    /// owns, with equal inner dimensions.
+    fn matrices(la: &Layout, lb: &Layout) -> Product {
+        debug_assert!(la.rank() == 2 && lb.rank() == 2 && la.shape[1] == lb.shape[0]);
+        let (m, k, n) = (la.shape[0], la.shape[1], lb.shape[1]);
+        Product {
+            m,
+            k,
+            n,
+            batch_shape: Dims::new(),
+            out_shape: smallvec::smallvec![m, n],
+        }
+    }
+}
+
+/// `a @ b` of two matrices an internal caller built (the convolutions' im2col products),
+/// without the public entry's checks.
+pub(crate) fn matmul_2d(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> Vec<f32> {
+    let product = Product::matrices(la, lb);
+    gemm(gemm_kernel(), a, la, b, lb, &product, None)
 }
 
 /// The output pointer shared by the tasks; each task writes a disjoint block of C.
@@ -188,36 +277,42 @@ pub fn matmul_with(
     la: &Layout,
     b: &[f32],
     lb: &Layout,
-) -> (Vec<f32>, Dims) {
-    gemm(kernel, a, la, b, lb, None)
+) -> KResult<(Vec<f32>, Dims)> {
+    let product = Product::check("matmul", a.len(), la, b.len(), lb)?;
+    let out = gemm(kernel, a, la, b, lb, &product, None);
+    Ok((out, product.out_shape))
 }
 
 /// Code run on each finished row segment of a task's block of C while it is in cache:
 /// `(batch, row, first column, values)`; it may rewrite the values.
 type Epilogue<'e> = &'e (dyn Fn(usize, usize, usize, &mut [f32]) + Sync);
 
-/// The GEMM driver; `epilogue` runs on every row of every finished block.
+/// The GEMM driver over operands that passed [`Product::check`] (or make a
+/// [`Product::matrices`]); returns C, of shape `product.out_shape`. `epilogue` runs on every
+/// row of every finished block.
 fn gemm(
     kernel: GemmKernel,
     a: &[f32],
     la: &Layout,
     b: &[f32],
     lb: &Layout,
+    product: &Product,
     epilogue: Option<Epilogue<'_>>,
-) -> (Vec<f32>, Dims) {
+) -> Vec<f32> {
     let kernel = if supported(kernel) {
         kernel
     } else {
         GemmKernel::Portable
     };
     let (rank_a, rank_b) = (la.rank(), lb.rank());
-    let (m, k) = (la.shape[rank_a - 2], la.shape[rank_a - 1]);
-    let n = lb.shape[rank_b - 1];
-    let batch_shape = broadcast_shape(&la.shape[..rank_a - 2], &lb.shape[..rank_b - 2])
-        .expect("caller guarantees broadcastable batch dims");
-    let mut out_shape = batch_shape.clone();
-    out_shape.extend([m, n]);
-    let batches = numel(&batch_shape);
+    let Product {
+        m,
+        k,
+        n,
+        ref batch_shape,
+        ref out_shape,
+    } = *product;
+    let batches = numel(batch_shape);
     // The epilogue over whole rows, where C was not computed tile by tile.
     let finish_rows = |out: &mut [f32]| {
         if let (Some(epilogue), true) = (epilogue, n > 0) {
@@ -226,24 +321,24 @@ fn gemm(
             }
         }
     };
-    if numel(&out_shape) == 0 || k == 0 {
-        let mut out = crate::pool::take_zeroed(numel(&out_shape));
+    if numel(out_shape) == 0 || k == 0 {
+        let mut out = crate::pool::take_zeroed(numel(out_shape));
         finish_rows(&mut out);
-        return (out, out_shape);
+        return out;
     }
     // Every element is written: by the first K slice of its tile, or by the direct path.
-    let mut out = crate::pool::take(numel(&out_shape));
-    let a_batches = batch_layout(la, &batch_shape);
-    let b_batches = batch_layout(lb, &batch_shape);
+    let mut out = crate::pool::take(numel(out_shape));
+    let a_batches = batch_layout(la, batch_shape);
+    let b_batches = batch_layout(lb, batch_shape);
     let a_view = |batch| MatrixView {
         data: a,
-        offset: a_batches.offset + position(batch, &batch_shape, &a_batches.strides),
+        offset: a_batches.offset + position(batch, batch_shape, &a_batches.strides),
         row_stride: la.strides[rank_a - 2],
         col_stride: la.strides[rank_a - 1],
     };
     let b_view = |batch| MatrixView {
         data: b,
-        offset: b_batches.offset + position(batch, &batch_shape, &b_batches.strides),
+        offset: b_batches.offset + position(batch, batch_shape, &b_batches.strides),
         row_stride: lb.strides[rank_b - 2],
         col_stride: lb.strides[rank_b - 1],
     };
@@ -252,11 +347,11 @@ fn gemm(
             direct::multiply_direct(a_view(batch), b_view(batch), m, k, c);
         }
         finish_rows(&mut out);
-        return (out, out_shape);
+        return out;
     }
 
     let (mr, nr, micro) = kernel.spec();
-    let parallel = batches * m * n * k >= PARALLEL_WORK;
+    let parallel = (batches * m * n).saturating_mul(k) >= PARALLEL_WORK;
     // A B shared by every batch (a weight) is packed once.
     let b_shared = b_batches.strides.iter().all(|&s| s == 0);
     let b_count = if b_shared { 1 } else { batches };
@@ -312,14 +407,15 @@ fn gemm(
             (0..tasks).for_each(run);
         }
     });
-    (out, out_shape)
+    out
 }
 
 /// `matmul` followed by a pointwise epilogue applied to each block of C while it is in cache:
 /// output element `e` of the product, with `extras[i]` read at the same position (layouts
-/// already broadcast to the product's shape), goes through `body([e, extras..])`, whose `M`
-/// results are the `M` outputs. `N` is `extras.len() + 1` (the caller guarantees it). The
-/// compiler's fusion planner emits these for `relu(x @ w + b)` and its backward.
+/// already broadcast to the product's shape, refused otherwise), goes through
+/// `body([e, extras..])`, whose `M >= 1` results are the `M` outputs. `N` must be
+/// `extras.len() + 1`. The compiler's fusion planner emits these for `relu(x @ w + b)` and
+/// its backward.
 pub fn matmul_fused<const N: usize, const M: usize, F>(
     a: &[f32],
     la: &Layout,
@@ -327,16 +423,30 @@ pub fn matmul_fused<const N: usize, const M: usize, F>(
     lb: &Layout,
     extras: &[(&[f32], &Layout)],
     body: F,
-) -> ([Vec<f32>; M], Dims)
+) -> KResult<([Vec<f32>; M], Dims)>
 where
     F: Fn([f32; N]) -> [f32; M] + Sync,
 {
-    let (rank_a, rank_b) = (la.rank(), lb.rank());
-    let (m, n) = (la.shape[rank_a - 2], lb.shape[rank_b - 1]);
-    let batch_rank = (rank_a - 2).max(rank_b - 2);
-    let batch_shape =
-        broadcast_shape(&la.shape[..rank_a - 2], &lb.shape[..rank_b - 2]).unwrap_or_default();
-    let total = numel(&batch_shape) * m * n;
+    const K: &str = "matmul_fused";
+    let product = Product::check(K, a.len(), la, b.len(), lb)?;
+    check::argument(K, extras.len() + 1 == N && M >= 1, || {
+        format!(
+            "an epilogue of {N} arguments and {M} results over the product and {} more values",
+            extras.len()
+        )
+    })?;
+    for &(data, l) in extras {
+        check::view(K, "extras", data.len(), l)?;
+        check::same_shape(K, "extras", l, &product.out_shape)?;
+    }
+    let Product {
+        m,
+        n,
+        ref batch_shape,
+        ..
+    } = product;
+    let batch_rank = batch_shape.len();
+    let total = numel(batch_shape) * m * n;
     let mut outs: [Vec<f32>; M] = std::array::from_fn(|o| {
         if o == 0 {
             Vec::new()
@@ -350,7 +460,7 @@ where
         let mut col_strides = [0usize; N];
         for (i, (_, l)) in extras.iter().enumerate().take(N.saturating_sub(1)) {
             bases[i + 1] = l.offset
-                + position(batch, &batch_shape, &l.strides[..batch_rank])
+                + position(batch, batch_shape, &l.strides[..batch_rank])
                 + row * l.strides[batch_rank]
                 + col0 * l.strides[batch_rank + 1];
             col_strides[i + 1] = l.strides[batch_rank + 1];
@@ -390,9 +500,8 @@ where
             }
         }
     };
-    let (c, shape) = gemm(gemm_kernel(), a, la, b, lb, Some(&epilogue));
-    outs[0] = c;
-    (outs, shape)
+    outs[0] = gemm(gemm_kernel(), a, la, b, lb, &product, Some(&epilogue));
+    Ok((outs, product.out_shape))
 }
 
 /// Values per piece of a matmul epilogue (the widest tile).
