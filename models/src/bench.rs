@@ -156,6 +156,10 @@ const GROUPS: &[Group] = &[
         run: cnn_step,
     },
     Group {
+        names: &["cnn_layer"],
+        run: cnn_layers,
+    },
+    Group {
         names: &["elementwise_chain", "copy"],
         run: elementwise_chain,
     },
@@ -300,6 +304,85 @@ fn cnn_step() -> Result<()> {
         &[32, 1, 8, 8],
         Plan::new(10, 300, 3_000),
     )
+}
+
+/// The CNN's layers alone at batch 32, through the kernel entry points: each convolution
+/// forward and both of its gradients, each max-pool forward and gradient (the digits CNN:
+/// conv 1->16 on 8x8 and 16->32 on 4x4, 3x3 kernels, padding 1; 2x2 pools). They run on a
+/// thread of rayon's pool, as the kernels of a compiled training step do.
+fn cnn_layers() -> Result<()> {
+    rtx_core::parallel::run(usize::MAX, cnn_layers_in_pool)
+}
+
+fn cnn_layers_in_pool() -> Result<()> {
+    use rtx_backends::{Layout, cpu, pool::give_back};
+    let plan = Plan::new(20, 500, 1_500);
+    let mut rng = Rng::new(7);
+    let mut random = |shape: &[usize]| {
+        let n = shape.iter().product();
+        (normal_vec(&mut rng, n), Layout::contiguous(shape))
+    };
+    let report = |layer: &str, op: &str, timing: &Timing| {
+        println!(
+            "{}",
+            Line::new("cnn_layer")
+                .field("layer", layer)
+                .field("op", op)
+                .timing(timing)
+        );
+    };
+    for (layer, x_shape, w_shape) in [
+        ("conv1", [32, 1, 8, 8], [16, 1, 3, 3]),
+        ("conv2", [32, 16, 4, 4], [32, 16, 3, 3]),
+    ] {
+        let ((x, lx), (w, lw)) = (random(&x_shape), random(&w_shape));
+        let out_shape = [x_shape[0], w_shape[0], x_shape[2], x_shape[3]];
+        let (g, lg) = random(&out_shape);
+        let (s, p) = ([1, 1], [1, 1]);
+        let forward = measure(plan, || {
+            give_back(black_box(cpu::conv2d(&x, &lx, &w, &lw, s, p)?.0));
+            Ok(())
+        })?;
+        report(layer, "forward", &forward);
+        let grad_input = measure(plan, || {
+            give_back(black_box(cpu::conv2d_grad_input(
+                &g, &lg, &w, &lw, &x_shape, s, p,
+            )?));
+            Ok(())
+        })?;
+        report(layer, "grad_input", &grad_input);
+        let grad_weight = measure(plan, || {
+            give_back(black_box(cpu::conv2d_grad_weight(
+                &x, &lx, &g, &lg, &w_shape, s, p,
+            )?));
+            Ok(())
+        })?;
+        report(layer, "grad_weight", &grad_weight);
+    }
+    for (layer, x_shape) in [("pool1", [32, 16, 8, 8]), ("pool2", [32, 32, 4, 4])] {
+        let (x, lx) = random(&x_shape);
+        let (g, lg) = random(&[x_shape[0], x_shape[1], x_shape[2] / 2, x_shape[3] / 2]);
+        let k = [2, 2];
+        let forward = measure(plan, || {
+            give_back(black_box(cpu::max_pool2d(&x, &lx, k, k, [0, 0])?.0));
+            Ok(())
+        })?;
+        report(layer, "forward", &forward);
+        let grad = measure(plan, || {
+            give_back(black_box(cpu::max_pool2d_grad(
+                &x,
+                &lx,
+                &g,
+                &lg,
+                k,
+                k,
+                [0, 0],
+            )?));
+            Ok(())
+        })?;
+        report(layer, "grad_input", &grad);
+    }
+    Ok(())
 }
 
 /// Inference (`forward`, eval mode: dropout is the identity) at batch 1, where per-op

@@ -20,14 +20,48 @@ struct PlaneReader<'a> {
     channels: usize,
 }
 
-impl PlaneReader<'_> {
-    /// Element `(h, w)` of plane `plane_index` (= image * channels + channel).
+impl<'a> PlaneReader<'a> {
+    /// Plane `plane_index` (= image * channels + channel): its first element's position and
+    /// its row and column strides, computed once per plane.
     #[inline]
-    fn get(&self, plane_index: usize, h: usize, w: usize) -> f32 {
+    fn plane(&self, plane_index: usize) -> Plane<'a> {
         let (image, channel) = (plane_index / self.channels, plane_index % self.channels);
         let s = &self.layout.strides;
-        self.data[self.layout.offset + image * s[0] + channel * s[1] + h * s[2] + w * s[3]]
+        Plane {
+            data: self.data,
+            base: self.layout.offset + image * s[0] + channel * s[1],
+            row: s[2],
+            col: s[3],
+        }
     }
+}
+
+/// One `[H, W]` plane of a strided buffer.
+#[derive(Clone, Copy)]
+struct Plane<'a> {
+    data: &'a [f32],
+    base: usize,
+    row: usize,
+    col: usize,
+}
+
+impl Plane<'_> {
+    #[inline]
+    fn get(&self, h: usize, w: usize) -> f32 {
+        self.data[self.base + h * self.row + w * self.col]
+    }
+}
+
+/// The in-bounds taps of one output position on one axis: input coordinates `first..end`
+/// (the window clipped to the input, so no tap is tested against the padding one by one).
+#[inline]
+fn taps(window: &Window2d, d: usize, out: usize) -> std::ops::Range<usize> {
+    let start = out * window.stride[d];
+    let first = start.saturating_sub(window.padding[d]);
+    let end = (start + window.kernel[d])
+        .saturating_sub(window.padding[d])
+        .min(window.in_size[d]);
+    first..end.max(first)
 }
 
 /// Runs `fill(plane_index, plane)` over the `plane_len`-sized planes of `out`.
@@ -50,31 +84,87 @@ fn for_each_plane(
     }
 }
 
-/// Position `(ih, iw)` of the first maximum (row-major) among the window's in-bounds taps;
-/// NaN wins, like PyTorch. `None` only for a window lying wholly in the padding.
-fn window_argmax(
-    x: PlaneReader,
-    window: &Window2d,
-    plane: usize,
-    oh: usize,
-    ow: usize,
-) -> Option<(usize, usize)> {
-    let mut best: Option<(usize, usize, f32)> = None;
-    for tap_h in 0..window.kernel[0] {
-        let Some(ih) = window.input_coord(0, oh, tap_h) else {
-            continue;
-        };
-        for tap_w in 0..window.kernel[1] {
-            let Some(iw) = window.input_coord(1, ow, tap_w) else {
-                continue;
-            };
-            let v = x.get(plane, ih, iw);
-            if best.is_none_or(|(_, _, acc)| v > acc || (v.is_nan() && !acc.is_nan())) {
-                best = Some((ih, iw, v));
-            }
+/// The largest of the window's in-bounds taps, NaN when one is NaN (like PyTorch); `-inf` for
+/// a window wholly in the padding.
+#[inline(always)]
+fn window_max(x: Plane, window: &Window2d, oh: usize, ow: usize) -> f32 {
+    let (rows, cols) = (taps(window, 0, oh), taps(window, 1, ow));
+    let mut best = f32::NEG_INFINITY;
+    let mut nan = false;
+    for ih in rows {
+        for iw in cols.clone() {
+            let v = x.get(ih, iw);
+            nan |= v.is_nan();
+            best = best.max(v);
         }
     }
-    best.map(|(ih, iw, _)| (ih, iw))
+    if nan { f32::NAN } else { best }
+}
+
+/// Whether the windows are 2x2 with stride 2 and no padding over rows whose columns are
+/// contiguous in every layout: CNNs' usual pooling, which has a path the compiler vectorizes
+/// across output columns.
+fn is_2x2(window: &Window2d, layouts: &[&Layout]) -> bool {
+    window.kernel == [2, 2]
+        && window.stride == [2, 2]
+        && window.padding == [0, 0]
+        && layouts.iter().all(|l| l.strides[3] == 1 || l.shape[3] <= 1)
+}
+
+/// The max of four taps with NaN winning, and which tap is the first maximum (row-major).
+#[inline(always)]
+fn max4(taps: [f32; 4]) -> (f32, [bool; 4]) {
+    let [a, b, c, d] = taps;
+    let nan = a.is_nan() | b.is_nan() | c.is_nan() | d.is_nan();
+    let m = if nan {
+        f32::NAN
+    } else {
+        a.max(b).max(c.max(d))
+    };
+    let eq = |v: f32| (v == m) | (v.is_nan() & nan);
+    let (ha, hb, hc) = (eq(a), eq(b), eq(c));
+    let hb = hb & !ha;
+    let hc = hc & !(ha | hb);
+    let hd = !(ha | hb | hc);
+    (m, [ha, hb, hc, hd])
+}
+
+/// One plane of a 2x2/stride-2 max pool (see [`is_2x2`]).
+fn max_2x2_plane(x: Plane, out_w: usize, dst: &mut [f32]) {
+    for (oh, out_row) in dst.chunks_mut(out_w).enumerate() {
+        let r0 = &x.data[x.base + 2 * oh * x.row..][..2 * out_w];
+        let r1 = &x.data[x.base + (2 * oh + 1) * x.row..][..2 * out_w];
+        for ((o, p), q) in out_row
+            .iter_mut()
+            .zip(r0.chunks_exact(2))
+            .zip(r1.chunks_exact(2))
+        {
+            *o = max4([p[0], p[1], q[0], q[1]]).0;
+        }
+    }
+}
+
+/// The input gradient of one plane of a 2x2/stride-2 max pool: each window's `g` goes to its
+/// first maximum, zeros elsewhere; windows do not overlap, so each element they cover is
+/// written once (`dst` holds zeros where they do not: an odd last row or column).
+fn max_2x2_grad_plane(x: Plane, g: Plane, window: &Window2d, dst: &mut [f32]) {
+    let ([out_h, out_w], in_w) = (window.out_size, window.in_size[1]);
+    for oh in 0..out_h {
+        let r0 = &x.data[x.base + 2 * oh * x.row..][..2 * out_w];
+        let r1 = &x.data[x.base + (2 * oh + 1) * x.row..][..2 * out_w];
+        let grads = &g.data[g.base + oh * g.row..][..out_w];
+        let (d0, d1) = dst[2 * oh * in_w..(2 * oh + 2) * in_w].split_at_mut(in_w);
+        let rows = r0.chunks_exact(2).zip(r1.chunks_exact(2));
+        let outs = d0.chunks_exact_mut(2).zip(d1.chunks_exact_mut(2));
+        for ((&share, (p, q)), (dp, dq)) in grads.iter().zip(rows).zip(outs) {
+            let (_, hit) = max4([p[0], p[1], q[0], q[1]]);
+            let part = |h: bool| if h { share } else { 0.0 };
+            dp[0] = part(hit[0]);
+            dp[1] = part(hit[1]);
+            dq[0] = part(hit[2]);
+            dq[1] = part(hit[3]);
+        }
+    }
 }
 
 /// PyTorch max_pool2d (padding counts as -inf); x [N,C,H,W]. Returns (out, out_shape).
@@ -93,12 +183,18 @@ pub fn max_pool2d(
         layout: l,
         channels: window.channels,
     };
-    let mut out = crate::pool::take_zeroed(window.batch * window.channels * window.out_plane());
+    let mut out = crate::pool::take(window.batch * window.channels * window.out_plane());
+    let out_w = window.out_size[1];
+    let halves = is_2x2(&window, &[l]);
     for_each_plane(&mut out, window.out_plane(), |plane, dst| {
-        for (i, d) in dst.iter_mut().enumerate() {
-            let (oh, ow) = (i / window.out_size[1], i % window.out_size[1]);
-            *d = window_argmax(reader, &window, plane, oh, ow)
-                .map_or(f32::NEG_INFINITY, |(ih, iw)| reader.get(plane, ih, iw));
+        let x = reader.plane(plane);
+        if halves {
+            return max_2x2_plane(x, out_w, dst);
+        }
+        for (oh, dst_row) in dst.chunks_mut(out_w).enumerate() {
+            for (ow, d) in dst_row.iter_mut().enumerate() {
+                *d = window_max(x, &window, oh, ow);
+            }
         }
     });
     Ok((out, window.out_shape(window.channels)))
@@ -130,12 +226,34 @@ pub fn max_pool2d_grad(
         channels: window.channels,
     };
     let in_w = window.in_size[1];
-    let mut dx = crate::pool::take_zeroed(window.batch * window.channels * window.in_plane());
+    let halves = is_2x2(&window, &[lx, lg]);
+    let len = window.batch * window.channels * window.in_plane();
+    let covered = halves && window.in_size.iter().all(|n| n % 2 == 0);
+    let mut dx = if covered {
+        crate::pool::take(len)
+    } else {
+        crate::pool::take_zeroed(len)
+    };
     for_each_plane(&mut dx, window.in_plane(), |plane, dst| {
+        let (x, g) = (x_reader.plane(plane), g_reader.plane(plane));
+        if halves {
+            return max_2x2_grad_plane(x, g, &window, dst);
+        }
         for oh in 0..window.out_size[0] {
+            let rows = taps(&window, 0, oh);
             for ow in 0..window.out_size[1] {
-                if let Some((ih, iw)) = window_argmax(x_reader, &window, plane, oh, ow) {
-                    dst[ih * in_w + iw] += g_reader.get(plane, oh, ow);
+                // The first tap equal to the window's max (or its first NaN) is the argmax;
+                // every tap gets `g` or 0 without a branch (see `window_argmax`).
+                let best = window_max(x, &window, oh, ow);
+                let share = g.get(oh, ow);
+                let mut found = false;
+                for ih in rows.clone() {
+                    for iw in taps(&window, 1, ow) {
+                        let v = x.get(ih, iw);
+                        let hit = !found & ((v == best) | (v.is_nan() & best.is_nan()));
+                        dst[ih * in_w + iw] += if hit { share } else { 0.0 };
+                        found |= hit;
+                    }
                 }
             }
         }
@@ -162,22 +280,22 @@ pub fn avg_pool2d(
     // In floor mode a window never reaches past the padded input, so padding included, every
     // window holds exactly KH*KW taps.
     let divisor = window.taps() as f32;
-    let mut out = crate::pool::take_zeroed(window.batch * window.channels * window.out_plane());
+    let mut out = crate::pool::take(window.batch * window.channels * window.out_plane());
+    let out_w = window.out_size[1];
     for_each_plane(&mut out, window.out_plane(), |plane, dst| {
-        for (i, d) in dst.iter_mut().enumerate() {
-            let (oh, ow) = (i / window.out_size[1], i % window.out_size[1]);
-            let mut sum = 0.0f32;
-            for tap_h in 0..kernel[0] {
-                let Some(ih) = window.input_coord(0, oh, tap_h) else {
-                    continue;
-                };
-                for tap_w in 0..kernel[1] {
-                    if let Some(iw) = window.input_coord(1, ow, tap_w) {
-                        sum += reader.get(plane, ih, iw);
+        let x = reader.plane(plane);
+        for (oh, dst_row) in dst.chunks_mut(out_w).enumerate() {
+            let rows = taps(&window, 0, oh);
+            for (ow, d) in dst_row.iter_mut().enumerate() {
+                let cols = taps(&window, 1, ow);
+                let mut sum = 0.0f32;
+                for ih in rows.clone() {
+                    for iw in cols.clone() {
+                        sum += x.get(ih, iw);
                     }
                 }
+                *d = sum / divisor;
             }
-            *d = sum / divisor;
         }
     });
     Ok((out, window.out_shape(window.channels)))
@@ -205,17 +323,14 @@ pub fn avg_pool2d_grad(
     let in_w = window.in_size[1];
     let mut dx = crate::pool::take_zeroed(window.batch * window.channels * window.in_plane());
     for_each_plane(&mut dx, window.in_plane(), |plane, dst| {
+        let g = g_reader.plane(plane);
         for oh in 0..window.out_size[0] {
+            let rows = taps(&window, 0, oh);
             for ow in 0..window.out_size[1] {
-                let share = g_reader.get(plane, oh, ow) / divisor;
-                for tap_h in 0..kernel[0] {
-                    let Some(ih) = window.input_coord(0, oh, tap_h) else {
-                        continue;
-                    };
-                    for tap_w in 0..kernel[1] {
-                        if let Some(iw) = window.input_coord(1, ow, tap_w) {
-                            dst[ih * in_w + iw] += share;
-                        }
+                let share = g.get(oh, ow) / divisor;
+                for ih in rows.clone() {
+                    for iw in taps(&window, 1, ow) {
+                        dst[ih * in_w + iw] += share;
                     }
                 }
             }

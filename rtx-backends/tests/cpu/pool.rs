@@ -10,9 +10,16 @@ struct Case {
     padding: [usize; 2],
 }
 
-const CASES: [Case; 4] = [
+const CASES: [Case; 5] = [
     Case {
         x_shape: [2, 3, 8, 8],
+        kernel: [2, 2],
+        stride: [2, 2],
+        padding: [0, 0],
+    },
+    // The 2x2 path with a last row and column that no window covers.
+    Case {
+        x_shape: [2, 2, 7, 9],
         kernel: [2, 2],
         stride: [2, 2],
         padding: [0, 0],
@@ -77,7 +84,13 @@ fn max_pool_forward_and_grad_match_reference() {
             });
             let xv = read(&x, &lx);
             let (out_shape, windows) = windows(&case);
-            let (g, lg) = random_view(&mut rng, &out_shape, View::Reversed);
+            // A contiguous gradient takes the vectorized 2x2 path, a reversed one the general.
+            let g_view = if matches!(view, View::Contiguous) {
+                View::Contiguous
+            } else {
+                View::Reversed
+            };
+            let (g, lg) = random_view(&mut rng, &out_shape, g_view);
             let gv = read(&g, &lg);
             let mut want_y = Vec::new();
             let mut want_dx = vec![0.0; xv.len()];
@@ -101,6 +114,32 @@ fn max_pool_forward_and_grad_match_reference() {
                 max_pool2d_grad(&x, &lx, &g, &lg, case.kernel, case.stride, case.padding).unwrap();
             assert_close(&dx, &want_dx, 1e-6, 1e-5, &format!("max grad {what}"));
         }
+    }
+}
+
+#[test]
+fn max_pool_propagates_nan_and_routes_the_gradient_to_the_first_nan() {
+    for (kernel, stride) in [([2, 2], [2, 2]), ([3, 3], [1, 1])] {
+        // One 3x3 plane with a NaN at (1, 1): every window holding it is NaN.
+        let mut x = vec![1.0f32, 5.0, 2.0, 3.0, f32::NAN, 0.0, 4.0, 7.0, 6.0];
+        x[7] = f32::NAN;
+        let lx = Layout::contiguous(&[1, 1, 3, 3]);
+        let (y, shape) = max_pool2d(&x, &lx, kernel, stride, [0, 0]).unwrap();
+        assert!(y.iter().all(|v| v.is_nan()), "{kernel:?}: {y:?}");
+        let g = vec![1.0f32; y.len()];
+        let dx = max_pool2d_grad(
+            &x,
+            &lx,
+            &g,
+            &Layout::contiguous(&shape),
+            kernel,
+            stride,
+            [0, 0],
+        )
+        .unwrap();
+        // The first NaN in row-major order, (1, 1), takes the window's gradient.
+        assert_eq!(dx[4], 1.0, "{kernel:?}: {dx:?}");
+        assert_eq!(dx.iter().sum::<f32>(), 1.0, "{kernel:?}: {dx:?}");
     }
 }
 
