@@ -166,29 +166,42 @@ pub fn conv2d_grad_weight(
 }
 
 /// Unfolds x into the `[C*KH*KW, N*OH*OW]` column matrix (zeros where a tap hits padding).
+/// For each kernel offset the in-bounds outputs of a row are one run (`Window2d::out_range`):
+/// a slice copy at stride 1, so only the padding edges are written one by one.
 fn im2col(x: &[f32], lx: &Layout, window: &Window2d) -> Vec<f32> {
     let [_, kernel_w] = window.kernel;
     let [_, out_w] = window.out_size;
     let pixels = window.batch * window.out_plane();
     let rows = window.channels * window.taps();
-    let mut cols = crate::pool::take_zeroed(rows * pixels);
+    let mut cols = crate::pool::take(rows * pixels);
     if cols.is_empty() {
         return cols;
     }
     let [stride_n, stride_c, stride_h, stride_w] =
         [lx.strides[0], lx.strides[1], lx.strides[2], lx.strides[3]];
+    let (step_w, pad_w) = (window.stride[1], window.padding[1]);
     let fill_row = |row: usize, dst: &mut [f32]| {
         let (channel, tap) = (row / window.taps(), row % window.taps());
         let (tap_h, tap_w) = (tap / kernel_w, tap % kernel_w);
+        let (valid_h, valid_w) = (window.out_range(0, tap_h), window.out_range(1, tap_w));
         for (image, dst_image) in dst.chunks_mut(window.out_plane()).enumerate() {
             let base = lx.offset + image * stride_n + channel * stride_c;
             for (oh, dst_row) in dst_image.chunks_mut(out_w).enumerate() {
-                let Some(ih) = window.input_coord(0, oh, tap_h) else {
+                if !valid_h.contains(&oh) || valid_w.is_empty() {
+                    dst_row.fill(0.0);
                     continue;
-                };
-                for (ow, d) in dst_row.iter_mut().enumerate() {
-                    if let Some(iw) = window.input_coord(1, ow, tap_w) {
-                        *d = x[base + ih * stride_h + iw * stride_w];
+                }
+                let ih = oh * window.stride[0] + tap_h - window.padding[0];
+                dst_row[..valid_w.start].fill(0.0);
+                dst_row[valid_w.end..].fill(0.0);
+                let first =
+                    base + ih * stride_h + (valid_w.start * step_w + tap_w - pad_w) * stride_w;
+                let dst_run = &mut dst_row[valid_w.clone()];
+                if step_w * stride_w == 1 {
+                    dst_run.copy_from_slice(&x[first..first + dst_run.len()]);
+                } else {
+                    for (k, d) in dst_run.iter_mut().enumerate() {
+                        *d = x[first + k * step_w * stride_w];
                     }
                 }
             }
@@ -217,19 +230,25 @@ fn col2im(cols: &[f32], window: &Window2d) -> Vec<f32> {
     if dx.is_empty() || pixels == 0 {
         return dx;
     }
+    let (step_w, pad_w) = (window.stride[1], window.padding[1]);
     let fill_plane = |plane_index: usize, plane: &mut [f32]| {
         let (image, channel) = (plane_index / window.channels, plane_index % window.channels);
         for tap in 0..window.taps() {
             let (tap_h, tap_w) = (tap / kernel_w, tap % kernel_w);
+            let (valid_h, valid_w) = (window.out_range(0, tap_h), window.out_range(1, tap_w));
             let row = channel * window.taps() + tap;
             let src = &cols[row * pixels + image * window.out_plane()..][..window.out_plane()];
-            for (oh, src_row) in src.chunks(out_w).enumerate() {
-                let Some(ih) = window.input_coord(0, oh, tap_h) else {
-                    continue;
-                };
-                for (ow, &v) in src_row.iter().enumerate() {
-                    if let Some(iw) = window.input_coord(1, ow, tap_w) {
-                        plane[ih * in_w + iw] += v;
+            for oh in valid_h {
+                let ih = oh * window.stride[0] + tap_h - window.padding[0];
+                let src_run = &src[oh * out_w..][valid_w.clone()];
+                let first = ih * in_w + valid_w.start * step_w + tap_w - pad_w;
+                if step_w == 1 {
+                    for (d, &v) in plane[first..first + src_run.len()].iter_mut().zip(src_run) {
+                        *d += v;
+                    }
+                } else {
+                    for (k, &v) in src_run.iter().enumerate() {
+                        plane[first + k * step_w] += v;
                     }
                 }
             }

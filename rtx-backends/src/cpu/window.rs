@@ -77,13 +77,19 @@ impl Window2d {
         Ok(window)
     }
 
-    /// Input coordinate on axis `d` (0 = height, 1 = width) under output `out` and kernel tap
-    /// `tap`, or `None` when that falls in the padding.
+    /// The outputs on axis `d` whose tap `tap` lands inside the input (not in the padding): the
+    /// taps of one kernel offset are then a plain run of input elements, copied or added as a
+    /// slice instead of tested one by one.
     #[inline]
-    pub(crate) fn input_coord(&self, d: usize, out: usize, tap: usize) -> Option<usize> {
-        (out * self.stride[d] + tap)
-            .checked_sub(self.padding[d])
-            .filter(|&i| i < self.in_size[d])
+    pub(crate) fn out_range(&self, d: usize, tap: usize) -> std::ops::Range<usize> {
+        let (s, p, n) = (self.stride[d], self.padding[d], self.in_size[d]);
+        // out * s + tap - p in [0, n)  <=>  out in [ceil((p - tap) / s), ceil((n + p - tap) / s))
+        let lo = p.saturating_sub(tap).div_ceil(s);
+        let hi = (n + p)
+            .saturating_sub(tap)
+            .div_ceil(s)
+            .min(self.out_size[d]);
+        lo.min(hi)..hi
     }
 
     pub(crate) fn in_plane(&self) -> usize {
