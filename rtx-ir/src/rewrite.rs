@@ -59,6 +59,7 @@ define_language! {
         "div" = Div([Id; 2]),
         "neg" = Neg(Id),
         "transpose" = Transpose(Id),
+        "matmul" = MatMul([Id; 2]),
         Num(Scalar),
         Other(Symbol, Vec<Id>),
     }
@@ -114,6 +115,11 @@ pub fn rules() -> Vec<Rewrite<CoreLang, ConstFold>> {
         rewrite!("scale-twice"; "(mul (mul ?a ?c) ?d)" => "(mul ?a (mul ?c ?d))"
             if is_const("?c") if is_const("?d")),
         rewrite!("transpose-twice"; "(transpose (transpose ?a))" => "?a"),
+        // (A B)^T = B^T A^T: a Linear's weight gradient, (x^T dY)^T, becomes dY^T x, which the
+        // GEMM writes in the weight's own layout (it reads transposed operands while packing)
+        // instead of a transposed view that must be copied with strided reads. `transpose` is
+        // 2-D only, so the product and both operands are matrices.
+        rewrite!("transpose-of-matmul"; "(transpose (matmul ?a ?b))" => "(matmul (transpose ?b) (transpose ?a))"),
     ]
 }
 
@@ -168,6 +174,7 @@ pub fn simplify(f: &mut GraphFn, limits: Limits) -> Result<Report, String> {
             Op::Mul => CoreLang::Mul([c(&node.args[0]), c(&node.args[1])]),
             Op::Div => CoreLang::Div([c(&node.args[0]), c(&node.args[1])]),
             Op::Neg => CoreLang::Neg(c(&node.args[0])),
+            Op::MatMul => CoreLang::MatMul([c(&node.args[0]), c(&node.args[1])]),
             Op::Permute { perm } if perm.len() == 2 && perm == &[1, 0] => {
                 CoreLang::Transpose(c(&node.args[0]))
             }
@@ -273,6 +280,7 @@ impl Rebuild<'_> {
             CoreLang::Div(_) => Op::Div,
             CoreLang::Neg(_) => Op::Neg,
             CoreLang::Transpose(_) => Op::Permute { perm: vec![1, 0] },
+            CoreLang::MatMul(_) => Op::MatMul,
             CoreLang::Num(s) => Op::Const { value: s.value() },
             CoreLang::Other(name, _) => {
                 let k: usize = name

@@ -47,6 +47,19 @@ fn check_rule(at_most: usize, build: impl FnOnce(&mut Case) -> NodeId) {
 }
 
 #[test]
+fn transpose_of_matmul_is_the_product_of_the_transposes() {
+    // (x^T g)^T, a Linear weight's gradient, becomes g^T x: two nodes fewer, no transpose of
+    // the product.
+    check_rule(4, |c| {
+        let x = c.random(&[5, 3]);
+        let g = c.random(&[5, 4]);
+        let xt = c.op(Op::Permute { perm: vec![1, 0] }, &[x]);
+        let product = c.op(Op::MatMul, &[xt, g]);
+        c.op(Op::Permute { perm: vec![1, 0] }, &[product])
+    });
+}
+
+#[test]
 fn add_zero_and_zero_add() {
     check_rule(1, |c| {
         let x = c.random(&[3, 4]);
