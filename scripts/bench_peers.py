@@ -44,6 +44,7 @@ PLANS = {
     "mlp_step_64_128_10": (20, 300, 3000),
     "mlp_step_64_1024_1024_10": (3, 50, 5000),
     "cnn_step": (10, 300, 3000),
+    "cnn_layer": (20, 500, 1500),
     "mlp_forward": (50, 2000, 2000),
     "elementwise_chain": (2, 20, 6000),
     "copy": (2, 30, 3000),
@@ -60,6 +61,7 @@ GROUPS = [
     ["mlp_step_64_1024_1024_10"],
     ["mlp_forward"],
     ["cnn_step"],
+    ["cnn_layer"],
     ["elementwise_chain", "copy"],
     ["gemm"],
     ["gemm_bf16"],
@@ -123,6 +125,8 @@ def run_rtx(args, group):
 
 def config_of(fields):
     """The part of a result line that tells two results of one bench apart."""
+    if "layer" in fields:
+        return f"layer={fields['layer']} op={fields['op']}"
     for key in ("batch", "n"):
         if key in fields:
             return f"{key}={fields[key]}"
@@ -214,6 +218,40 @@ class TorchPeer:
             nn.Flatten(), nn.Dropout(0.25), nn.Linear(128, 10),
         )
         return self.train_step("cnn_step", cnn, (32, 1, 8, 8))
+
+    def cnn_layer(self):
+        # The CNN's layers alone at batch 32, as `models bench --filter cnn_layer` runs them:
+        # each convolution's forward and both gradients (ATen's convolution_backward, one
+        # output at a time), each 2x2 max pool forward and its gradient (from the indices the
+        # forward saved, as autograd does).
+        torch, F = self.torch, self.F
+        plan, out = PLANS["cnn_layer"], {}
+        aten = torch.ops.aten
+
+        def record(layer, op, work):
+            out[("cnn_layer", f"layer={layer} op={op}")] = measure(plan, work)
+
+        with torch.no_grad():
+            for layer, x_shape, w_shape in (
+                ("conv1", (32, 1, 8, 8), (16, 1, 3, 3)),
+                ("conv2", (32, 16, 4, 4), (32, 16, 3, 3)),
+            ):
+                x, w = torch.randn(*x_shape), torch.randn(*w_shape)
+                g = torch.randn(x_shape[0], w_shape[0], x_shape[2], x_shape[3])
+                args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+                record(layer, "forward", lambda: F.conv2d(x, w, padding=1))
+                record(layer, "grad_input",
+                       lambda: aten.convolution_backward(g, x, w, None, *args, [True, False, False]))
+                record(layer, "grad_weight",
+                       lambda: aten.convolution_backward(g, x, w, None, *args, [False, True, False]))
+            for layer, x_shape in (("pool1", (32, 16, 8, 8)), ("pool2", (32, 32, 4, 4))):
+                x = torch.randn(*x_shape)
+                y, idx = F.max_pool2d(x, 2, return_indices=True)
+                g = torch.randn(*y.shape)
+                record(layer, "forward", lambda: F.max_pool2d(x, 2))
+                record(layer, "grad_input", lambda: aten.max_pool2d_with_indices_backward(
+                    g, x, [2, 2], [2, 2], [0, 0], [1, 1], False, idx))
+        return out
 
     def elementwise_chain(self):
         torch = self.torch
