@@ -198,7 +198,12 @@ fn im2col(x: &[f32], lx: &Layout, window: &Window2d) -> Vec<f32> {
                     base + ih * stride_h + (valid_w.start * step_w + tap_w - pad_w) * stride_w;
                 let dst_run = &mut dst_row[valid_w.clone()];
                 if step_w * stride_w == 1 {
-                    dst_run.copy_from_slice(&x[first..first + dst_run.len()]);
+                    // Runs are as short as the image is wide (4 on the CNN's second layer): a
+                    // loop the compiler unrolls, not a memcpy call per run.
+                    let run = dst_run.len();
+                    for (d, &v) in dst_run.iter_mut().zip(&x[first..first + run]) {
+                        *d = v;
+                    }
                 } else {
                     for (k, d) in dst_run.iter_mut().enumerate() {
                         *d = x[first + k * step_w * stride_w];

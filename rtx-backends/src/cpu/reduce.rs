@@ -115,6 +115,9 @@ pub(crate) fn reduce_unchecked(
     if let Some(out) = reduce_leading_sum(op, x, l, axes) {
         return (out, out_shape);
     }
+    if let Some(out) = reduce_around_sum(op, x, l, axes) {
+        return (out, out_shape);
+    }
     let groups = Groups::new(l, axes);
     let group_len = groups.group_len();
     let walk = Walk::new(&groups.group.shape, [&groups.group]);
@@ -218,6 +221,53 @@ fn reduce_leading_sum(op: ReduceOp, x: &[f32], l: &Layout, axes: &[usize]) -> Op
                 (a / scale) as f32
             } else {
                 a as f32
+            };
+        }
+    });
+    Some(out)
+}
+
+/// Sum or mean of a contiguous tensor over every axis but one block in the middle (a
+/// convolution's bias gradient: `[N, O, H, W] -> [O]`), seen as `[outer, kept, inner]`: each
+/// output adds its `inner`-long runs in row order into one f64, the general path's order, so
+/// the bits are the same, without walking the runs axis by axis. `None` when the reduction is
+/// not of that form.
+fn reduce_around_sum(op: ReduceOp, x: &[f32], l: &Layout, axes: &[usize]) -> Option<Vec<f32>> {
+    let rank = l.rank();
+    let first_kept = (0..rank).find(|a| !axes.contains(a))?;
+    let end_kept = (first_kept..rank)
+        .find(|a| axes.contains(a))
+        .unwrap_or(rank);
+    let around = (0..rank).all(|a| axes.contains(&a) == (a < first_kept || a >= end_kept));
+    if op == ReduceOp::Max || !around || end_kept == rank || !l.is_contiguous() {
+        return None;
+    }
+    let outer = numel(&l.shape[..first_kept]);
+    let kept = numel(&l.shape[first_kept..end_kept]);
+    let inner = numel(&l.shape[end_kept..]);
+    let group_len = outer * inner;
+    // Long groups go to the general path's parallel pieces.
+    if group_len > GROUP_PIECE || kept * group_len > 4 * PARALLEL_THRESHOLD * 16 {
+        return None;
+    }
+    let data = &x[l.offset..l.offset + outer * kept * inner];
+    let mut out = crate::pool::take(kept);
+    with_f64_scratch(|acc| {
+        acc.clear();
+        acc.resize(kept, 0.0);
+        for block in data.chunks_exact(kept * inner) {
+            for (a, run) in acc.iter_mut().zip(block.chunks_exact(inner)) {
+                let mut sum = *a;
+                for &v in run {
+                    sum += v as f64;
+                }
+                *a = sum;
+            }
+        }
+        for (o, &a) in out.iter_mut().zip(acc.iter()) {
+            *o = match op {
+                ReduceOp::Mean => (a / group_len as f64) as f32,
+                _ => a as f32,
             };
         }
     });

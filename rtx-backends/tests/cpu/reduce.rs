@@ -286,3 +286,31 @@ fn sum_to_refuses_a_shape_that_does_not_broadcast_to_the_gradient() {
         "{err}"
     );
 }
+
+#[test]
+fn sum_around_a_middle_axis_adds_each_group_in_row_order() {
+    // A convolution's bias gradient: [N, O, H, W] -> [O]; each output must be the f64 sum of
+    // its group in row-major order, as the general path computes it.
+    let mut rng = Rng::new(90);
+    let shape = [3, 4, 5, 6];
+    let (x, l) = random_contiguous(&mut rng, &shape);
+    for (op, keepdim) in [(ReduceOp::Sum, false), (ReduceOp::Mean, true)] {
+        let (got, out_shape) = reduce(op, &x, &l, &[0, 2, 3], keepdim).unwrap();
+        let want_shape: &[usize] = if keepdim { &[1, 4, 1, 1] } else { &[4] };
+        assert_eq!(out_shape.as_slice(), want_shape);
+        for (k, &g) in got.iter().enumerate() {
+            let mut sum = 0.0f64;
+            for n in 0..3 {
+                for i in 0..30 {
+                    sum += x[(n * 4 + k) * 30 + i] as f64;
+                }
+            }
+            let want = if op == ReduceOp::Mean {
+                sum / 90.0
+            } else {
+                sum
+            } as f32;
+            assert_eq!(g.to_bits(), want.to_bits(), "{op:?} output {k}");
+        }
+    }
+}
