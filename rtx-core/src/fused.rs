@@ -45,6 +45,65 @@ where
     Ok(outs.map(|data| Tensor::from_kernel(data, shape)))
 }
 
+/// An input of a generated pointwise kernel: borrowed, or handed over by the compiled code
+/// because no later step reads it, so its buffer may take the kernel's first output.
+#[doc(hidden)]
+pub enum FusedArg<'a> {
+    Borrowed(&'a Tensor),
+    Donated(Tensor),
+}
+
+/// [`fused`] whose inputs may be donated: the first donated input whose buffer is unshared,
+/// contiguous and of `shape` receives output 0 in place (`cpu::map_fused_in_place`), so the
+/// group allocates no buffer for it and writes over memory that is still in cache. Otherwise
+/// it runs as [`fused`]; the donated tensors are dropped at the end either way.
+#[doc(hidden)]
+pub fn fused_donating<const N: usize, const M: usize, F>(
+    inputs: [FusedArg<'_>; N],
+    shape: &[usize],
+    body: F,
+) -> Result<[Tensor; M]>
+where
+    F: Fn([f32; N]) -> [f32; M] + Sync,
+{
+    let mut donor: Option<(usize, Vec<f32>)> = None;
+    let mut kept: [Option<Tensor>; N] = std::array::from_fn(|_| None);
+    let mut borrowed: [Option<&Tensor>; N] = [None; N];
+    for (k, arg) in inputs.into_iter().enumerate() {
+        match arg {
+            FusedArg::Borrowed(t) => borrowed[k] = Some(t),
+            FusedArg::Donated(t) => {
+                let fits = donor.is_none() && M > 0 && t.shape() == shape;
+                match if fits { t.take_unique_f32() } else { Err(t) } {
+                    Ok(buffer) => donor = Some((k, buffer)),
+                    Err(t) => kept[k] = Some(t),
+                }
+            }
+        }
+    }
+    let mut data: [&[f32]; N] = [&[]; N];
+    let mut layouts: [rtx_backends::Layout; N] =
+        std::array::from_fn(|_| rtx_backends::Layout::contiguous(shape));
+    for k in 0..N {
+        // Every input is borrowed, kept, or the donor (read from the output buffer).
+        let Some(t) = borrowed[k].or(kept[k].as_ref()) else {
+            continue;
+        };
+        data[k] = t.f32_parts("fused kernel")?.0;
+        need_broadcast(t, shape, "fused kernel")?;
+        layouts[k] = t.layout().broadcast_to(shape);
+    }
+    let args: [(&[f32], &rtx_backends::Layout); N] =
+        std::array::from_fn(|k| (data[k], &layouts[k]));
+    let outs = match donor {
+        Some((donor_index, buffer)) => {
+            cpu::map_fused_in_place(args, shape, donor_index, buffer, body)?
+        }
+        None => cpu::map_fused(args, shape, body)?,
+    };
+    Ok(outs.map(|data| Tensor::from_kernel(data, shape)))
+}
+
 /// Runs a generated row body (a `Step::Rows` group) over the rows of `wide`: input `k` is
 /// `inputs[k]` broadcast to `wide`; output `m` has shape `wide` when `out_wide[m]`, else
 /// `wide` with its last axis 1.

@@ -287,6 +287,23 @@ impl Tensor {
         }
     }
 
+    /// This tensor's buffer, when no other tensor shares it and it holds exactly the elements
+    /// in row-major order: a compiled kernel may then write its result over it. Otherwise the
+    /// tensor comes back unchanged.
+    #[doc(hidden)]
+    // The tensor itself comes back on refusal; boxing it would allocate on every step.
+    #[allow(clippy::result_large_err)]
+    pub fn take_unique_f32(mut self) -> std::result::Result<Vec<f32>, Tensor> {
+        if !self.layout.is_contiguous() || self.layout.offset != 0 {
+            return Err(self);
+        }
+        let numel = self.layout.numel();
+        match Arc::get_mut(&mut self.storage) {
+            Some(Storage::F32(v)) if v.len() == numel => Ok(std::mem::take(v)),
+            _ => Err(self),
+        }
+    }
+
     /// [`Tensor::contiguous`], with a layout that reaches past the buffer as an error.
     pub fn try_contiguous(&self) -> Result<Tensor> {
         if self.layout.is_contiguous() && self.layout.offset == 0 {

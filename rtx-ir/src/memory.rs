@@ -72,6 +72,40 @@ pub fn deaths(f: &GraphFn, steps: &[Step], roots: &[NodeId]) -> Vec<Vec<NodeId>>
     out
 }
 
+/// For each step, the input whose buffer takes the step's first output, if any: in a pointwise
+/// group (`Step::Fused`), an intermediate of the group's shape and of f32 that no later step
+/// reads and that owns its buffer (not a view, not a leaf: inputs and parameters belong to the
+/// caller). The kernel reads each element of it just before overwriting it, so the output
+/// needs no buffer of its own; at run time the buffer is taken only when no other tensor
+/// shares it. `deaths` is [`deaths`] of the same steps.
+pub fn donors(f: &GraphFn, steps: &[Step], deaths: &[Vec<NodeId>]) -> Vec<Option<NodeId>> {
+    steps
+        .iter()
+        .zip(deaths)
+        .map(|(step, dead)| {
+            let Step::Fused {
+                shape_of, inputs, ..
+            } = step
+            else {
+                return None;
+            };
+            let shape = &f.graph.node(*shape_of).shape;
+            inputs.iter().copied().find(|&a| {
+                let node = f.graph.node(a);
+                dead.contains(&a)
+                    && !matches!(
+                        node.op,
+                        Op::Input { .. } | Op::Param { .. } | Op::Const { .. }
+                    )
+                    && !is_view(&node.op)
+                    && !matches!(node.op, Op::Reshape { .. })
+                    && node.dtype == DType::F32
+                    && &node.shape == shape
+            })
+        })
+        .collect()
+}
+
 /// What a call of a scheduled function holds in intermediate buffers, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryReport {
@@ -124,21 +158,29 @@ pub fn memory_report(
     for &r in roots {
         last_alias.insert(owner(r), usize::MAX);
     }
+    let donors = donors(f, steps, &deaths);
     let (mut live, mut peak, mut total) = (0u128, 0u128, 0u128);
-    let mut frees: Vec<Vec<u128>> = vec![Vec::new(); steps.len()];
+    let mut frees: Vec<Vec<(NodeId, u128)>> = vec![Vec::new(); steps.len()];
     for (i, step) in steps.iter().enumerate() {
-        for v in step_outputs(step) {
+        // A donated buffer carries over to the step's first output: it is neither freed here
+        // nor allocated again.
+        let donated = donors[i].filter(|d| last_alias.get(d) == Some(&i));
+        for (k, v) in step_outputs(step).into_iter().enumerate() {
             let b = bytes_of(v)?;
-            live += b;
             total += b;
+            if k > 0 || donated.is_none() {
+                live += b;
+            }
             match last_alias.get(&v) {
-                Some(&end) if end < steps.len() => frees[end.max(i)].push(b),
+                Some(&end) if end < steps.len() => frees[end.max(i)].push((v, b)),
                 _ => {}
             }
         }
         peak = peak.max(live);
-        for b in frees[i].drain(..) {
-            live -= b;
+        for (v, b) in frees[i].drain(..) {
+            if Some(v) != donated {
+                live -= b;
+            }
         }
     }
     Some(MemoryReport {
@@ -238,6 +280,55 @@ mod tests {
         let one = 10 * 4 * 4;
         assert_eq!(report.total_bytes, 3 * one);
         assert_eq!(report.peak_bytes, 2 * one);
+    }
+
+    /// concat(x, x), then exp and a product of the two in one group.
+    fn shared_product() -> GraphFn {
+        let mut f = chain();
+        let mut u = Unifier::default();
+        let x = 0;
+        let g = &mut f.graph;
+        g.nodes.truncate(2);
+        let a = g.push(Op::Concat { axis: 0 }, &[x, x], &mut u).unwrap();
+        let b = g.push(Op::Exp, &[a], &mut u).unwrap();
+        let c = g.push(Op::Mul, &[a, b], &mut u).unwrap();
+        f.forward_len = g.len();
+        f.output = c;
+        f
+    }
+
+    #[test]
+    fn a_group_writes_over_an_input_that_dies_in_it() {
+        let f = shared_product();
+        let steps = crate::fusion::plan(&f.graph, f.graph.len(), &[f.output]);
+        let deaths = deaths(&f, &steps, &[f.output]);
+
+        let donors = donors(&f, &steps, &deaths);
+
+        // Steps: the concat; exp and mul in one group, which reads the concat last.
+        assert_eq!(donors, vec![None, Some(2)], "{steps:?}");
+        let report = f.memory_report(&[("B", 10)]).unwrap();
+        let one = 2 * 10 * 4 * 4;
+        assert_eq!(report.total_bytes, 2 * one);
+        assert_eq!(
+            report.peak_bytes, one,
+            "the group's output reuses the concat's buffer"
+        );
+    }
+
+    #[test]
+    fn leaves_never_give_their_buffer() {
+        let mut f = chain();
+        let mut u = Unifier::default();
+        f.graph.nodes.truncate(2);
+        let e = f.graph.push(Op::Exp, &[0], &mut u).unwrap();
+        f.output = e;
+        f.forward_len = f.graph.len();
+        let steps = crate::fusion::plan(&f.graph, f.graph.len(), &[f.output]);
+
+        let donors = donors(&f, &steps, &deaths(&f, &steps, &[f.output]));
+
+        assert!(donors.iter().all(Option::is_none), "{donors:?}");
     }
 
     #[test]

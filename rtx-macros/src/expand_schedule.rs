@@ -211,6 +211,33 @@ fn fused(
     )
 }
 
+/// A fusion group that writes its first output over `donor`, an input no later step reads
+/// (`rtx_core::fused::fused_donating` checks at run time that its buffer is unshared).
+fn fused_in_place(
+    ir: &GraphFn,
+    shape_of: NodeId,
+    inputs: &[NodeId],
+    donor: NodeId,
+    body: &[Instr],
+    outputs: &[NodeId],
+) -> TokenStream {
+    let args = inputs.iter().map(|&a| {
+        if a == donor {
+            let v = value(a);
+            quote!(::rtx_core::fused::FusedArg::Donated(#v))
+        } else {
+            let r = node_ref(a);
+            quote!(::rtx_core::fused::FusedArg::Borrowed(#r))
+        }
+    });
+    let closure = pointwise_closure(inputs.len(), body, outputs);
+    let shape = shape_expr(ir, shape_of);
+    bind_outputs(
+        outputs,
+        quote!(::rtx_core::fused::fused_donating([#(#args),*], #shape, #closure)),
+    )
+}
+
 /// A matmul with its pointwise epilogue: one closure over the product's element and the
 /// group's other inputs, run on each block of the product.
 fn matmul_epilogue(
@@ -404,7 +431,8 @@ pub fn schedule(
     // Each intermediate is dropped after the last step that reads it, so its buffer goes back
     // to the cache for the next kernel of that size (`rtx_ir::memory`).
     let deaths = rtx_ir::memory::deaths(ir, &steps, roots);
-    for (s, dead) in steps.iter().zip(&deaths) {
+    let donors = rtx_ir::memory::donors(ir, &steps, &deaths);
+    for ((s, dead), &donated) in steps.iter().zip(&deaths).zip(&donors) {
         out.extend(match s {
             Step::Kernel(id) => kernel(ir, *id),
             Step::Fused {
@@ -412,7 +440,10 @@ pub fn schedule(
                 inputs,
                 body,
                 outputs,
-            } => fused(ir, *shape_of, inputs, body, outputs),
+            } => match donated {
+                Some(d) => fused_in_place(ir, *shape_of, inputs, d, body, outputs),
+                None => fused(ir, *shape_of, inputs, body, outputs),
+            },
             Step::Rows {
                 shape_of,
                 inputs,
@@ -427,7 +458,7 @@ pub fn schedule(
                 ..
             } => matmul_epilogue(ir, *matmul, inputs, body, outputs),
         });
-        for &v in dead {
+        for &v in dead.iter().filter(|&&v| Some(v) != donated) {
             let v = value(v);
             out.extend(quote!(::core::mem::drop(#v);));
         }

@@ -36,7 +36,70 @@ where
         check::same_shape(K, check::input_name(k), l, shape)?;
     }
     let n = check::elements(K, shape)?;
-    let mut outs: [Vec<f32>; M] = std::array::from_fn(|_| crate::pool::take(n));
+    let outs: [Vec<f32>; M] = std::array::from_fn(|_| crate::pool::take(n));
+    Ok(drive(inputs, shape, outs, None, &body))
+}
+
+/// [`map_fused`] writing its first output over `donor`, the contiguous buffer of input
+/// `donor_index` (which the caller no longer needs): each element of that input is read just
+/// before the result overwrites it, so the group needs no fresh buffer for that output.
+/// `inputs[donor_index]` is not read (pass an empty slice with any layout of `shape`).
+pub fn map_fused_in_place<const N: usize, const M: usize, F>(
+    inputs: [(&[f32], &Layout); N],
+    shape: &[usize],
+    donor_index: usize,
+    donor: Vec<f32>,
+    body: F,
+) -> KResult<[Vec<f32>; M]>
+where
+    F: Fn([f32; N]) -> [f32; M] + Sync,
+{
+    const K: &str = "map_fused_in_place";
+    check::shapes(K, donor_index < N && M > 0, || {
+        format!("input {donor_index} of {N} cannot give its buffer to output 0 of {M}")
+    })?;
+    for (k, (data, l)) in inputs.iter().enumerate() {
+        if k != donor_index {
+            check::view(K, check::input_name(k), data.len(), l)?;
+            check::same_shape(K, check::input_name(k), l, shape)?;
+        }
+    }
+    let n = check::elements(K, shape)?;
+    check::shapes(K, donor.len() == n, || {
+        format!(
+            "the donated buffer holds {} values, the output {n}",
+            donor.len()
+        )
+    })?;
+    let mut donor = Some(donor);
+    let outs: [Vec<f32>; M] = std::array::from_fn(|m| match (m, donor.take()) {
+        (0, Some(d)) => d,
+        _ => crate::pool::take(n),
+    });
+    let contiguous = Layout::contiguous(shape);
+    let inputs: [(&[f32], &Layout); N] = std::array::from_fn(|k| {
+        if k == donor_index {
+            (&[][..], &contiguous)
+        } else {
+            inputs[k]
+        }
+    });
+    Ok(drive(inputs, shape, outs, Some(donor_index), &body))
+}
+
+/// The loop behind both entry points. With `in_place = Some(k)`, input `k` is read from
+/// output 0's own buffer, element by element before it is overwritten.
+fn drive<const N: usize, const M: usize, F>(
+    inputs: [(&[f32], &Layout); N],
+    shape: &[usize],
+    mut outs: [Vec<f32>; M],
+    in_place: Option<usize>,
+    body: &F,
+) -> [Vec<f32>; M]
+where
+    F: Fn([f32; N]) -> [f32; M] + Sync,
+{
+    let n = outs.first().map_or(0, Vec::len);
     let ptrs: [OutPtr; M] = std::array::from_fn(|m| OutPtr(outs[m].as_mut_ptr()));
     let walk: Walk<N> = Walk::new(shape, std::array::from_fn(|k| inputs[k].1));
     let data: [&[f32]; N] = std::array::from_fn(|k| inputs[k].0);
@@ -50,11 +113,23 @@ where
         });
         let each_run = |at: usize, run: usize, pos: [usize; N], strides: [usize; N]| {
             if strides.iter().all(|&s| s == 1) {
-                let src: [&[f32]; N] = std::array::from_fn(|k| &data[k][pos[k]..pos[k] + run]);
-                contiguous_run(&src, &mut dst, at, run, stream, &body);
+                let src: [&[f32]; N] = std::array::from_fn(|k| {
+                    if Some(k) == in_place {
+                        &[][..]
+                    } else {
+                        &data[k][pos[k]..pos[k] + run]
+                    }
+                });
+                contiguous_run(&src, &mut dst, at, run, stream, in_place, body);
             } else {
                 for i in 0..run {
-                    let r = body(std::array::from_fn(|k| data[k][pos[k] + i * strides[k]]));
+                    let r = body(std::array::from_fn(|k| {
+                        if Some(k) == in_place {
+                            dst[0][at + i]
+                        } else {
+                            data[k][pos[k] + i * strides[k]]
+                        }
+                    }));
                     for m in 0..M {
                         dst[m][at + i] = r[m];
                     }
@@ -77,7 +152,7 @@ where
             }
         });
     }
-    Ok(outs)
+    outs
 }
 
 /// Output size from which stores bypass the caches: beyond the last-level cache of the
@@ -89,7 +164,7 @@ const STREAM_BYTES: usize = 32 << 20;
 const LANES: usize = 8;
 
 /// `body` over `run` elements whose inputs are the contiguous slices `src`, written to
-/// `dst[m][at..at + run]`.
+/// `dst[m][at..at + run]`; input `in_place` (if any) is read from `dst[0]` instead.
 #[inline(always)]
 fn contiguous_run<const N: usize, const M: usize, F>(
     src: &[&[f32]; N],
@@ -97,6 +172,7 @@ fn contiguous_run<const N: usize, const M: usize, F>(
     at: usize,
     run: usize,
     stream: bool,
+    in_place: Option<usize>,
     body: &F,
 ) where
     F: Fn([f32; N]) -> [f32; M],
@@ -105,8 +181,15 @@ fn contiguous_run<const N: usize, const M: usize, F>(
     let mut i = 0;
     while i < full {
         let mut block = [[0.0f32; LANES]; M];
+        let mut own = [0.0f32; LANES];
+        if in_place.is_some() {
+            own.copy_from_slice(&dst[0][at + i..at + i + LANES]);
+        }
         // One bounds check per input and block, none per element, so the lanes vectorize.
         let lanes: [&[f32; LANES]; N] = std::array::from_fn(|k| {
+            if Some(k) == in_place {
+                return &own;
+            }
             let slice = &src[k][i..i + LANES];
             <&[f32; LANES]>::try_from(slice).unwrap_or(&[0.0; LANES])
         });
@@ -122,7 +205,13 @@ fn contiguous_run<const N: usize, const M: usize, F>(
         i += LANES;
     }
     for i in full..run {
-        let r = body(std::array::from_fn(|k| src[k][i]));
+        let r = body(std::array::from_fn(|k| {
+            if Some(k) == in_place {
+                dst[0][at + i]
+            } else {
+                src[k][i]
+            }
+        }));
         for m in 0..M {
             dst[m][at + i] = r[m];
         }

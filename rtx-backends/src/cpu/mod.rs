@@ -36,7 +36,7 @@ pub use crate::layout::Layout;
 pub use check::{KResult, KernelError};
 pub use conv::{conv2d, conv2d_grad_input, conv2d_grad_weight};
 pub use elementwise::{BinaryOp, UnaryOp, binary, broadcast_shape, unary};
-pub use fused::map_fused;
+pub use fused::{map_fused, map_fused_in_place};
 pub use gemm::bf16::{Bf16Kernel, bf16_kernels, matmul_bf16, matmul_bf16_with};
 pub use gemm::{GemmKernel, gemm_kernel, gemm_kernels, matmul, matmul_fused, matmul_with};
 pub use index::{concat, gather_rows, pad_narrow, pick_last, pick_last_grad, scatter_add_rows};
