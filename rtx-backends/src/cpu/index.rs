@@ -74,7 +74,7 @@ pub fn concat(inputs: &[(&[f32], &Layout)], axis: usize) -> KResult<(Vec<f32>, D
         .iter()
         .map(|&(data, l)| (contiguous_cow(data, l), l.shape[axis] * inner))
         .collect();
-    let mut out = crate::pool::take_zeroed(numel(&out_shape));
+    let mut out = crate::pool::take(numel(&out_shape));
     for_each_block(&mut out, out_shape[axis] * inner, |outer, block| {
         let mut at = 0;
         for (part, run) in &parts {
@@ -136,7 +136,7 @@ pub fn gather_rows(table: &[f32], lt: &Layout, ids: &[i64]) -> KResult<Vec<f32>>
     let dim = lt.shape[1];
     check::elements(K, &[ids.len(), dim])?;
     let [row_stride, col_stride] = [lt.strides[0], lt.strides[1]];
-    let mut out = crate::pool::take_zeroed(ids.len() * dim);
+    let mut out = crate::pool::take(ids.len() * dim);
     // Rows are read through the strides: the table may be far larger than the rows looked up.
     for_each_block(&mut out, dim, |i, dst| {
         let start = lt.offset + ids[i] as usize * row_stride;
