@@ -145,7 +145,9 @@ fn vjp(
             Ok(vec![None; node.args.len()])
         }
         Op::Neg => one(b.neg(g).map_err(e)?),
-        Op::Relu => one(b.op(Op::ReluGrad, &[x(0), g]).map_err(e)?),
+        // relu(x) > 0 exactly where x > 0: reading the output keeps the pre-activation from
+        // being stored for the backward pass (a matmul epilogue then writes one buffer, not two).
+        Op::Relu => one(b.op(Op::ReluGrad, &[y, g]).map_err(e)?),
         Op::Gelu => one(b.op(Op::GeluGrad, &[x(0), g]).map_err(e)?),
         // d tanh = 1 - y^2
         Op::Tanh => {

@@ -143,19 +143,19 @@ fn packed_pairs(a: &[bf16], la: &Layout, b: &[bf16], lb: &Layout, product: &Prod
         packed_b.chunks_mut(panel_len).enumerate().for_each(pack_b);
     }
 
+    let blocks = blocking(m, n, batches, MR, NR, parallel);
     let Blocking {
-        mc,
         row_blocks,
         nc,
         col_blocks,
-    } = blocking(m, n, batches, MR, NR, parallel);
+        ..
+    } = blocks;
     let tasks = batches * row_blocks * col_blocks;
     let c = OutPtr(out.as_mut_ptr());
     let packed_b = &packed_b;
     let run = |task: usize| {
         let batch = task / (row_blocks * col_blocks);
-        let row0 = (task / col_blocks) % row_blocks * mc;
-        let rows = mc.min(m - row0);
+        let (row0, rows) = blocks.rows((task / col_blocks) % row_blocks);
         let col0 = task % col_blocks * nc;
         let cols = nc.min(n - col0);
         let b_batch = &packed_b[if b_shared { 0 } else { batch * b_len }..][..b_len];

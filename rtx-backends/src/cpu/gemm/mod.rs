@@ -358,12 +358,13 @@ fn gemm(
     let panels = n.div_ceil(nr);
     let b_len = panels * k * nr;
 
+    let blocks = blocking(m, n, batches, mr, nr, parallel);
     let Blocking {
-        mc,
         row_blocks,
         nc,
         col_blocks,
-    } = blocking(m, n, batches, mr, nr, parallel);
+        ..
+    } = blocks;
     let tasks = batches * row_blocks * col_blocks;
 
     let c = OutPtr(out.as_mut_ptr());
@@ -380,7 +381,7 @@ fn gemm(
         let packed_b = &*packed_b;
         let run = |task: usize| {
             let batch = task / (row_blocks * col_blocks);
-            let row0 = (task / col_blocks) % row_blocks * mc;
+            let (row0, rows) = blocks.rows((task / col_blocks) % row_blocks);
             let col0 = task % col_blocks * nc;
             let block = Block {
                 batch,
@@ -392,7 +393,7 @@ fn gemm(
                 m,
                 n,
                 k,
-                rows: (row0, mc.min(m - row0)),
+                rows: (row0, rows),
                 cols: (col0, nc.min(n - col0)),
                 mr,
                 nr,
@@ -507,13 +508,28 @@ where
 /// Values per piece of a matmul epilogue (the widest tile).
 const SEGMENT: usize = 32;
 
-/// How a product is split into tasks: rows of C per task (`mc`, a multiple of `mr`, at most
-/// `MAX_ROW_PANELS` panels) and columns per task (`nc`, a multiple of `nr`).
+/// How a product is split into tasks: blocks of rows of C (whole `mr`-row panels, at most
+/// `MAX_ROW_PANELS` per block, dealt out evenly) and columns per task (`nc`, a multiple of
+/// `nr`).
 pub(crate) struct Blocking {
-    pub mc: usize,
     pub row_blocks: usize,
     pub nc: usize,
     pub col_blocks: usize,
+    m: usize,
+    mr: usize,
+}
+
+impl Blocking {
+    /// First row and row count of row block `block`: the `mr`-row panels are dealt out
+    /// evenly (block sizes differ by at most one panel), so no thread is left with a whole
+    /// block more than another while the last block is a sliver.
+    pub(crate) fn rows(&self, block: usize) -> (usize, usize) {
+        let panels = self.m.div_ceil(self.mr);
+        let first = block * panels / self.row_blocks;
+        let end = (block + 1) * panels / self.row_blocks;
+        let row0 = first * self.mr;
+        (row0, (end * self.mr).min(self.m) - row0)
+    }
 }
 
 /// Splits rows first, into enough blocks for every thread to get several tasks: each task
@@ -539,10 +555,11 @@ pub(crate) fn blocking(
     let col_blocks_wanted = wanted.div_ceil(batches * row_blocks).max(1);
     let nc = (n.div_ceil(col_blocks_wanted).div_ceil(nr) * nr).max(nr);
     Blocking {
-        mc,
         row_blocks,
         nc,
         col_blocks: n.div_ceil(nc),
+        m,
+        mr,
     }
 }
 
