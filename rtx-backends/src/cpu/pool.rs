@@ -129,6 +129,23 @@ fn max4(taps: [f32; 4]) -> (f32, [bool; 4]) {
     (m, [ha, hb, hc, hd])
 }
 
+/// Which of four taps is the first maximum in row-major order, NaN winning (the first NaN),
+/// computed with comparisons turned into bits and a trailing-zero count: no branch, so
+/// random winners cost no mispredictions.
+#[inline(always)]
+fn first_max_of_4(taps: [f32; 4]) -> u32 {
+    let m = taps[0].max(taps[1]).max(taps[2].max(taps[3]));
+    let (mut equal, mut nan) = (0u32, 0u32);
+    for (i, &v) in taps.iter().enumerate() {
+        equal |= ((v == m) as u32) << i;
+        nan |= (v.is_nan() as u32) << i;
+    }
+    // With no NaN one tap equals the max; with one, the first NaN wins. The 0b1000 bit keeps
+    // the count in range whatever happens.
+    let chosen = if nan != 0 { nan } else { equal };
+    (chosen | 0b1000).trailing_zeros()
+}
+
 /// One plane of a 2x2/stride-2 max pool (see [`is_2x2`]).
 fn max_2x2_plane(x: Plane, out_w: usize, dst: &mut [f32]) {
     for (oh, out_row) in dst.chunks_mut(out_w).enumerate() {
@@ -157,13 +174,60 @@ fn max_2x2_grad_plane(x: Plane, g: Plane, window: &Window2d, dst: &mut [f32]) {
         let rows = r0.chunks_exact(2).zip(r1.chunks_exact(2));
         let outs = d0.chunks_exact_mut(2).zip(d1.chunks_exact_mut(2));
         for ((&share, (p, q)), (dp, dq)) in grads.iter().zip(rows).zip(outs) {
-            let (_, hit) = max4([p[0], p[1], q[0], q[1]]);
-            let part = |h: bool| if h { share } else { 0.0 };
-            dp[0] = part(hit[0]);
-            dp[1] = part(hit[1]);
-            dq[0] = part(hit[2]);
-            dq[1] = part(hit[3]);
+            let winner = first_max_of_4([p[0], p[1], q[0], q[1]]);
+            // `share` where the tap won, +0.0 elsewhere, selected on the bits: no branch.
+            let part = |tap: u32| {
+                f32::from_bits(share.to_bits() & 0u32.wrapping_sub((tap == winner) as u32))
+            };
+            dp[0] = part(0);
+            dp[1] = part(1);
+            dq[0] = part(2);
+            dq[1] = part(3);
         }
+    }
+}
+
+/// [`max_2x2_grad_plane`] over contiguous `x`, `g` and `dst` whose planes have even sizes:
+/// every pair of input rows of every plane in one loop, split across threads in fixed
+/// pieces of row pairs when large.
+fn max_2x2_grad_rows(x: &[f32], g: &[f32], in_w: usize, dst: &mut [f32]) {
+    let out_w = in_w / 2;
+    let pair = 2 * in_w;
+    let fill = |first_pair: usize, dst: &mut [f32]| {
+        let pairs = dst.len() / pair;
+        let x = &x[first_pair * pair..][..pairs * pair];
+        let g = &g[first_pair * out_w..][..pairs * out_w];
+        for ((xs, gs), ds) in x
+            .chunks_exact(pair)
+            .zip(g.chunks_exact(out_w))
+            .zip(dst.chunks_exact_mut(pair))
+        {
+            let (top, bottom) = xs.split_at(in_w);
+            let (d0, d1) = ds.split_at_mut(in_w);
+            for (ow, &share) in gs.iter().enumerate() {
+                let j = 2 * ow;
+                let winner = first_max_of_4([top[j], top[j + 1], bottom[j], bottom[j + 1]]);
+                let part = |tap: u32| {
+                    f32::from_bits(share.to_bits() & 0u32.wrapping_sub((tap == winner) as u32))
+                };
+                d0[j] = part(0);
+                d0[j + 1] = part(1);
+                d1[j] = part(2);
+                d1[j + 1] = part(3);
+            }
+        }
+    };
+    if pair == 0 {
+        return;
+    }
+    // Pieces of whole row pairs, a fixed size: the split never depends on the thread count.
+    let piece = (PARALLEL_THRESHOLD / pair).max(1) * pair;
+    if dst.len() > PARALLEL_THRESHOLD {
+        dst.par_chunks_mut(piece)
+            .enumerate()
+            .for_each(|(i, d)| fill(i * piece / pair, d));
+    } else {
+        fill(0, dst);
     }
 }
 
@@ -234,6 +298,13 @@ pub fn max_pool2d_grad(
     } else {
         crate::pool::take_zeroed(len)
     };
+    if covered && lx.is_contiguous() && lg.is_contiguous() {
+        // Planes follow each other: the whole tensor is one run of row pairs.
+        let x = &x[lx.offset..lx.offset + dx.len()];
+        let g = &g[lg.offset..lg.offset + dx.len() / 4];
+        max_2x2_grad_rows(x, g, window.in_size[1], &mut dx);
+        return Ok(dx);
+    }
     for_each_plane(&mut dx, window.in_plane(), |plane, dst| {
         let (x, g) = (x_reader.plane(plane), g_reader.plane(plane));
         if halves {
