@@ -248,3 +248,40 @@ fn avg_pool2d_grad_refuses_an_input_shape_of_rank_three() {
     .unwrap_err();
     assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
 }
+
+#[test]
+fn max_pool_grad_on_even_planes_picks_the_first_nan_or_first_tie() {
+    // Two 4x4 planes (the whole-tensor 2x2 path): a NaN late in a window, ties of zeros
+    // (relu outputs), and a plain maximum.
+    let nan = f32::NAN;
+    #[rustfmt::skip]
+    let x = vec![
+        1.0, 2.0, 0.0, 0.0,
+        3.0, nan, 0.0, 0.0,
+        5.0, 5.0, -1.0, -2.0,
+        5.0, 4.0, -3.0, -0.5,
+        // second plane: all equal
+        7.0, 7.0, 7.0, 7.0,
+        7.0, 7.0, 7.0, 7.0,
+        7.0, 7.0, 7.0, 7.0,
+        7.0, 7.0, 7.0, 7.0,
+    ];
+    let lx = Layout::contiguous(&[1, 2, 4, 4]);
+    let g: Vec<f32> = (1..=8).map(|v| v as f32).collect();
+    let lg = Layout::contiguous(&[1, 2, 2, 2]);
+
+    let dx = max_pool2d_grad(&x, &lx, &g, &lg, [2, 2], [2, 2], [0, 0]).unwrap();
+
+    #[rustfmt::skip]
+    let want = vec![
+        0.0, 0.0, 2.0, 0.0,
+        0.0, 1.0, 0.0, 0.0,
+        3.0, 0.0, 0.0, 0.0,
+        0.0, 0.0, 0.0, 4.0,
+        5.0, 0.0, 6.0, 0.0,
+        0.0, 0.0, 0.0, 0.0,
+        7.0, 0.0, 8.0, 0.0,
+        0.0, 0.0, 0.0, 0.0,
+    ];
+    assert_eq!(dx, want);
+}
