@@ -35,6 +35,17 @@ fn kernels_are_bit_identical_across_thread_counts() {
     let run_all = || -> Vec<Vec<u32>> {
         vec![
             bits(&matmul(&a, &la, &b, &lb).unwrap().0),
+            // The dot-product path: few columns of a transposed weight, rows split in pieces.
+            bits(
+                &matmul(
+                    &x,
+                    &lx,
+                    &x[..2000],
+                    &rtx_backends::Layout::contiguous(&[5, 400]).permute(&[1, 0]),
+                )
+                .unwrap()
+                .0,
+            ),
             bits(&reduce(ReduceOp::Sum, &x, &lx, &[0], false).unwrap().0),
             bits(&reduce(ReduceOp::Sum, &x, &lx, &[0, 1], false).unwrap().0),
             bits(

@@ -89,6 +89,24 @@ fn matmul_views() {
 }
 
 #[test]
+fn matmul_of_few_columns_read_along_k_matches_reference() {
+    // `h @ W^T` with a classifier's weight W [n, k] row-major: the dot-product path, on one
+    // thread and (300 rows) split across threads, with odd lengths for the vector tails.
+    let mut rng = Rng::new(23);
+    for (m, k, n) in [(300, 200, 10), (7, 33, 16), (50, 5, 1), (9, 47, 3)] {
+        let (a, la) = random_contiguous(&mut rng, &[m, k]);
+        let (w, lw) = random_contiguous(&mut rng, &[n, k]);
+        check(
+            &a,
+            &la,
+            &w,
+            &lw.permute(&[1, 0]),
+            &format!("{m}x{k} @ ({n}x{k})^T"),
+        );
+    }
+}
+
+#[test]
 fn matmul_broadcast_batches() {
     let mut rng = Rng::new(22);
     let cases: [(&[usize], &[usize]); 4] = [

@@ -1,7 +1,11 @@
-//! Products with a few rows of A (a batch-1 forward pass): packing B would cost more than the
-//! product, so B is read in place or through one small panel.
+//! Products that packing would not pay for: a few rows of A (a batch-1 forward pass), where B
+//! is read in place or through one small panel, and a few columns of B read along K (a
+//! classifier head, `h @ W^T` with W `[10, 128]`), where every element is one dot product
+//! instead of a 32-wide tile two thirds empty.
 
-use super::{KC, MatrixView, with_scratch};
+use rayon::prelude::*;
+
+use super::{GemmKernel, KC, MatrixView, PARALLEL_WORK, with_scratch};
 
 /// Width of the panel `multiply_direct` copies B into.
 const NR: usize = 8;
@@ -52,6 +56,89 @@ pub(super) fn multiply_direct(a: MatrixView, b: MatrixView, m: usize, k: usize, 
             }
         }
     });
+}
+
+/// C [m, n] = A [m, k] B [k, n] as one dot product per element, for A's rows and B's columns
+/// both contiguous along K and few columns. Rows are split across threads in pieces of a
+/// fixed size, and each element is one `dot_with` call: the result does not depend on the
+/// thread count.
+pub(super) fn multiply_dots(
+    kernel: GemmKernel,
+    a: MatrixView,
+    b: MatrixView,
+    m: usize,
+    k: usize,
+    c: &mut [f32],
+) {
+    let n = c.len() / m.max(1);
+    if n == 0 {
+        return;
+    }
+    let dot = dot_for(kernel);
+    let rows = |first: usize, block: &mut [f32]| {
+        for (r, c_row) in block.chunks_mut(n).enumerate() {
+            let a_row = &a.data[a.offset + (first + r) * a.row_stride..][..k];
+            for (j, out) in c_row.iter_mut().enumerate() {
+                *out = dot(a_row, &b.data[b.offset + j * b.col_stride..][..k]);
+            }
+        }
+    };
+    let rows_per_piece = (PARALLEL_WORK / (n * k).max(1)).max(1);
+    if m * n * k >= PARALLEL_WORK && m > rows_per_piece {
+        c.par_chunks_mut(rows_per_piece * n)
+            .enumerate()
+            .for_each(|(p, block)| rows(p * rows_per_piece, block));
+    } else {
+        rows(0, c);
+    }
+}
+
+/// The dot product of the widest instruction set `kernel` allows.
+fn dot_for(kernel: GemmKernel) -> fn(&[f32], &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == GemmKernel::Avx512 && super::supported(kernel) {
+        // SAFETY: AVX-512F is present (checked just above).
+        return |x, y| unsafe { dot_avx512(x, y) };
+    }
+    let _ = kernel;
+    dot
+}
+
+/// `x . y` with AVX-512: two 16-lane accumulators over 32 elements a step, combined in a fixed
+/// order, then the tail.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_avx512(x: &[f32], y: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let len = x.len().min(y.len());
+    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut i = 0;
+    // SAFETY (whole block): every load reads 16 values at i or i + 16 with i + 32 <= len.
+    unsafe {
+        while i + 32 <= len {
+            let (xp, yp) = (x.as_ptr().add(i), y.as_ptr().add(i));
+            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(xp), _mm512_loadu_ps(yp), acc0);
+            acc1 = _mm512_fmadd_ps(
+                _mm512_loadu_ps(xp.add(16)),
+                _mm512_loadu_ps(yp.add(16)),
+                acc1,
+            );
+            i += 32;
+        }
+        if i + 16 <= len {
+            let (xp, yp) = (x.as_ptr().add(i), y.as_ptr().add(i));
+            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(xp), _mm512_loadu_ps(yp), acc0);
+            i += 16;
+        }
+    }
+    let mut total = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (a, b) in x[i..len].iter().zip(&y[i..len]) {
+        total += a * b;
+    }
+    total
 }
 
 /// `x . y` over equal-length slices: eight partial sums, combined pairwise in a fixed order.

@@ -30,6 +30,9 @@ use kernels::MicroKernel;
 
 /// Rows up to which a product skips packing (`direct::multiply_direct`).
 const DIRECT_ROWS: usize = 4;
+/// Columns up to which a product whose A rows and B columns are contiguous along K runs as
+/// dot products (`direct::multiply_dots`): a packed tile would be mostly padding.
+const DOT_COLS: usize = 16;
 /// K slice per pass: a B micro-panel (`KC x NR`) stays in L1, an A block in L2.
 const KC: usize = 256;
 /// Most micro-panels of A per task (rows of C per task = this times MR), so the packed A
@@ -345,6 +348,14 @@ fn gemm(
     if m <= DIRECT_ROWS {
         for (batch, c) in out.chunks_mut(m * n).enumerate() {
             direct::multiply_direct(a_view(batch), b_view(batch), m, k, c);
+        }
+        finish_rows(&mut out);
+        return out;
+    }
+
+    if n <= DOT_COLS && la.strides[rank_a - 1] == 1 && lb.strides[rank_b - 2] == 1 {
+        for (batch, c) in out.chunks_mut(m * n).enumerate() {
+            direct::multiply_dots(kernel, a_view(batch), b_view(batch), m, k, c);
         }
         finish_rows(&mut out);
         return out;
