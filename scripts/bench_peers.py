@@ -65,7 +65,11 @@ GROUPS = [
     ["elementwise_chain", "copy"],
     ["gemm"],
     ["gemm_bf16"],
+    ["gemm_shape"],
 ]
+
+# (m, k, n) of the gemm_shape group, as in models/src/bench.rs.
+GEMM_SHAPES = [(256, 64, 128), (256, 128, 10), (256, 1024, 1024), (1024, 128, 512)]
 
 
 # Decimal places of each figure, as models/src/bench.rs prints them.
@@ -125,6 +129,8 @@ def run_rtx(args, group):
 
 def config_of(fields):
     """The part of a result line that tells two results of one bench apart."""
+    if "op" in fields and "m" in fields:
+        return f"m={fields['m']} k={fields['k']} n={fields['n']} op={fields['op']}"
     if "layer" in fields:
         return f"layer={fields['layer']} op={fields['op']}"
     for key in ("batch", "n"):
@@ -139,6 +145,30 @@ def add_stream_figures(out, chain, copy):
     chain["ratio_to_copy"] = chain["gbps"] / copy["gbps"]
     out[("elementwise_chain", f"n={STREAM_LEN}")] = chain
     out[("copy", f"n={STREAM_LEN}")] = copy
+
+
+def shape_plan(m, k, n):
+    return (3, 50, 2000) if 2 * m * k * n > 1e8 else (20, 500, 1000)
+
+
+def gemm_shape_operands(randn, m, k, n):
+    """The three forms of `models bench --filter gemm_shape`: nn, nt (B read from a row-major
+    [n, k] weight), tn (A read from a row-major [k, m] activation)."""
+    return [
+        ("nn", randn(m, k), randn(k, n)),
+        ("nt", randn(m, k), randn(n, k).T),
+        ("tn", randn(k, m).T, randn(k, n)),
+    ]
+
+
+def gemm_shape_results(matmul, randn):
+    out = {}
+    for m, k, n in GEMM_SHAPES:
+        for form, a, b in gemm_shape_operands(randn, m, k, n):
+            r = measure(shape_plan(m, k, n), lambda: matmul(a, b))
+            r["gflops"] = 2 * m * k * n / (r["median_us"] * 1e-6) / 1e9
+            out[("gemm_shape", f"m={m} k={k} n={n} op={form}")] = r
+    return out
 
 
 # -------------------------------------------------------------------------------- torch
@@ -274,6 +304,10 @@ class TorchPeer:
             out[("gemm", f"n={n}")] = r
         return out
 
+    def gemm_shape(self):
+        torch = self.torch
+        return gemm_shape_results(torch.matmul, lambda *s: torch.randn(*s))
+
     def gemm_bf16(self):
         # bf16 operands; torch returns bf16 (accumulating in f32 inside oneDNN).
         torch = self.torch
@@ -333,6 +367,12 @@ class NumpyPeer:
             r["gflops"] = gflops(n, r["median_us"])
             out[("gemm", f"n={n}")] = r
         return out
+
+    def gemm_shape(self):
+        np = self.np
+        return gemm_shape_results(
+            lambda a, b: a @ b, lambda *s: self.rng.standard_normal(s, dtype=np.float32)
+        )
 
 
 # -------------------------------------------------------------------------------- table

@@ -171,6 +171,10 @@ const GROUPS: &[Group] = &[
         names: &["gemm_bf16"],
         run: gemm_bf16,
     },
+    Group {
+        names: &["gemm_shape"],
+        run: gemm_shapes,
+    },
 ];
 
 /// Every result name `models bench` can print, for `--filter` and its error message.
@@ -486,6 +490,72 @@ fn gemm() -> Result<()> {
                 .timing(&timing)
                 .field("gflops", format!("{gflops:.1}"))
         );
+    }
+    Ok(())
+}
+
+/// The products of the MLP and transformer layers, `[m, k] @ [k, n]`, each in the three forms
+/// a training step runs: `nn` (both row-major), `nt` (B a row-major `[n, k]` weight read
+/// transposed: the forward pass of a Linear) and `tn` (A a row-major `[k, m]` read transposed:
+/// a weight gradient `x^T dY`), through the kernel entry point on a thread of rayon's pool.
+fn gemm_shapes() -> Result<()> {
+    rtx_core::parallel::run(usize::MAX, gemm_shapes_in_pool)
+}
+
+/// `(m, k, n)` of `gemm_shapes`.
+const GEMM_SHAPES: [(usize, usize, usize); 4] = [
+    (256, 64, 128),
+    (256, 128, 10),
+    (256, 1024, 1024),
+    (1024, 128, 512),
+];
+
+fn gemm_shapes_in_pool() -> Result<()> {
+    use rtx_backends::{Layout, cpu, pool::give_back};
+    for (m, k, n) in GEMM_SHAPES {
+        let mut rng = Rng::new((m * 31 + k * 7 + n) as u64);
+        let a = normal_vec(&mut rng, m * k);
+        let b = normal_vec(&mut rng, k * n);
+        let forms = [
+            (
+                "nn",
+                Layout::contiguous(&[m, k]),
+                Layout::contiguous(&[k, n]),
+            ),
+            (
+                "nt",
+                Layout::contiguous(&[m, k]),
+                Layout::contiguous(&[n, k]).permute(&[1, 0]),
+            ),
+            (
+                "tn",
+                Layout::contiguous(&[k, m]).permute(&[1, 0]),
+                Layout::contiguous(&[k, n]),
+            ),
+        ];
+        let flops = 2.0 * (m * k * n) as f64;
+        let plan = if flops > 1e8 {
+            Plan::new(3, 50, 2_000)
+        } else {
+            Plan::new(20, 500, 1_000)
+        };
+        for (form, la, lb) in forms {
+            let timing = measure(plan, || {
+                give_back(black_box(cpu::matmul(&a, &la, &b, &lb)?.0));
+                Ok(())
+            })?;
+            let gflops = flops / (timing.median_us() * 1e-6) / 1e9;
+            println!(
+                "{}",
+                Line::new("gemm_shape")
+                    .field("m", m)
+                    .field("k", k)
+                    .field("n", n)
+                    .field("op", form)
+                    .timing(&timing)
+                    .field("gflops", format!("{gflops:.1}"))
+            );
+        }
     }
     Ok(())
 }

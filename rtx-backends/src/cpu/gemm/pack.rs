@@ -22,10 +22,17 @@ pub(super) fn pack_b_panel(
         if width < nr {
             dst.fill(0.0);
         }
-        for j in 0..width {
-            let start = b.offset + (col0 + j) * b.col_stride;
-            for (kk, &v) in b.data[start..start + k].iter().enumerate() {
-                dst[kk * nr + j] = v;
+        // In slices of K, so the part of the panel being written (`KB x nr`) stays in L1
+        // while every column passes over it.
+        const KB: usize = 64;
+        for k0 in (0..k).step_by(KB) {
+            let kb = KB.min(k - k0);
+            let block = &mut dst[k0 * nr..(k0 + kb) * nr];
+            for j in 0..width {
+                let start = b.offset + (col0 + j) * b.col_stride + k0;
+                for (kk, &v) in b.data[start..start + kb].iter().enumerate() {
+                    block[kk * nr + j] = v;
+                }
             }
         }
         return;
