@@ -1,11 +1,18 @@
 //! Where a compiled function runs: on the caller's thread, or, when it has enough work for
-//! its kernels to split across threads, on a thread of rayon's pool.
+//! its kernels to split across threads, on a thread of rayon's pool with the other threads
+//! kept awake.
 //!
 //! A kernel that forks from a thread outside the pool hands its work to the pool and sleeps
 //! until it is done: two context switches per kernel, tens of microseconds on a busy machine,
 //! more than many kernels of a training step take. Running the whole function on a pool
-//! thread pays that once per call, and each kernel then forks with a cheap `join`. Small calls
-//! (a batch-1 forward pass) have no kernel that forks, so they stay where they are.
+//! thread pays that once per call, and each kernel then forks with a cheap `join`. A join
+//! still has to wake a worker that went to sleep between two kernels, which on a virtual
+//! machine takes as long as a small GEMM; so for the length of the call every other worker
+//! runs a loop that takes pending work as soon as it appears (`rayon::yield_now`) instead of
+//! sleeping, as OpenMP runtimes spin between parallel regions. Small calls (a batch-1 forward
+//! pass) have no kernel that forks, so they stay where they are.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Elements in the largest value of a call below which it runs on the caller's thread; the
 /// kernels' own threshold for splitting work is the same size.
@@ -19,5 +26,37 @@ pub fn run<R: Send>(largest: usize, f: impl FnOnce() -> R + Send) -> R {
     if largest < POOL_WORK || rayon::current_thread_index().is_some() {
         return f();
     }
-    rayon::scope(|_| f())
+    let done = AtomicBool::new(false);
+    rayon::scope(|scope| {
+        let caller = rayon::current_thread_index();
+        if rayon::current_num_threads() > 1 {
+            let done = &done;
+            scope.spawn_broadcast(move |_, ctx| {
+                if Some(ctx.index()) != caller {
+                    stay_awake(done);
+                }
+            });
+        }
+        let result = f();
+        done.store(true, Ordering::Release);
+        result
+    })
+}
+
+/// Takes the pool's pending work as it appears until `done`. Yields the core to the OS when
+/// there is nothing to take, so a machine with fewer cores than threads still progresses.
+fn stay_awake(done: &AtomicBool) {
+    let mut idle = 0u32;
+    while !done.load(Ordering::Acquire) {
+        if rayon::yield_now() == Some(rayon::Yield::Executed) {
+            idle = 0;
+        } else {
+            idle += 1;
+            if idle % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
 }
