@@ -144,4 +144,22 @@ fn training_steps_and_forward_passes_allocate_nothing_after_warm_up() {
             "{what}: allocations per step on 2 threads: {counts:?}"
         );
     }
+
+    // Called from a thread outside any pool, as a training loop does: the call moves to the
+    // global pool and keeps its other worker awake (`rtx_core::parallel`), which must not
+    // allocate either. The global pool's threads are counted.
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .start_handler(|_| COUNTED.with(|c| c.set(true)))
+        .build_global()
+        .unwrap();
+    for (what, counts) in [
+        ("mlp step b=256 from outside the pool", mlp_steps(6, 256)),
+        ("cnn step b=128 from outside the pool", cnn_steps(6, 128)),
+    ] {
+        assert!(
+            counts[3..].iter().all(|&n| n == 0),
+            "{what}: allocations per step: {counts:?}"
+        );
+    }
 }

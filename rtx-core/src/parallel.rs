@@ -27,32 +27,58 @@ pub fn run<R: Send>(largest: usize, f: impl FnOnce() -> R + Send) -> R {
         return f();
     }
     let done = AtomicBool::new(false);
-    rayon::scope(|scope| {
+    rayon::scope(|_| {
         let caller = rayon::current_thread_index();
-        if rayon::current_num_threads() > 1 {
-            let done = &done;
-            scope.spawn_broadcast(move |_, ctx| {
-                if Some(ctx.index()) != caller {
-                    stay_awake(done);
-                }
-            });
-        }
-        let result = f();
-        done.store(true, Ordering::Release);
+        let others = rayon::current_num_threads().saturating_sub(1);
+        // `join`, not `spawn`: its jobs live on the stack, so a call allocates nothing.
+        let (result, ()) = rayon::join(
+            || {
+                // Set even if `f` unwinds, so the other workers stop and the panic surfaces.
+                let _stop = SetOnDrop(&done);
+                f()
+            },
+            || keep_awake(others, caller, &done),
+        );
         result
     })
 }
 
-/// Takes the pool's pending work as it appears until `done`. Yields the core to the OS when
-/// there is nothing to take, so a machine with fewer cores than threads still progresses.
-fn stay_awake(done: &AtomicBool) {
+/// Sets the flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Keeps `count` workers other than `caller` taking work until `done`: this thread runs one
+/// loop and leaves the rest to whichever worker steals it.
+fn keep_awake(count: usize, caller: Option<usize>, done: &AtomicBool) {
+    if count == 0 {
+        return;
+    }
+    rayon::join(
+        || stay_awake(caller, done),
+        || keep_awake(count - 1, caller, done),
+    );
+}
+
+/// Takes the pool's pending work as it appears until `done`. Returns at once on the calling
+/// function's own thread, which may pick this job up while it waits inside a kernel: staying
+/// there would keep the function from finishing. Yields the core to the OS when there is
+/// nothing to take, so a machine with fewer cores than threads still progresses.
+fn stay_awake(caller: Option<usize>, done: &AtomicBool) {
+    if rayon::current_thread_index() == caller {
+        return;
+    }
     let mut idle = 0u32;
     while !done.load(Ordering::Acquire) {
         if rayon::yield_now() == Some(rayon::Yield::Executed) {
             idle = 0;
         } else {
             idle += 1;
-            if idle % 64 == 0 {
+            if idle.is_multiple_of(64) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
