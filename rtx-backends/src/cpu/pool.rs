@@ -129,21 +129,39 @@ fn max4(taps: [f32; 4]) -> (f32, [bool; 4]) {
     (m, [ha, hb, hc, hd])
 }
 
-/// Which of four taps is the first maximum in row-major order, NaN winning (the first NaN),
-/// computed with comparisons turned into bits and a trailing-zero count: no branch, so
-/// random winners cost no mispredictions.
+/// The max-pool gradient over whole row pairs of width `in_w` (see [`max_2x2_grad_rows`]).
 #[inline(always)]
-fn first_max_of_4(taps: [f32; 4]) -> u32 {
-    let m = taps[0].max(taps[1]).max(taps[2].max(taps[3]));
-    let (mut equal, mut nan) = (0u32, 0u32);
-    for (i, &v) in taps.iter().enumerate() {
-        equal |= ((v == m) as u32) << i;
-        nan |= (v.is_nan() as u32) << i;
+fn grad_row_pairs(x: &[f32], g: &[f32], in_w: usize, dst: &mut [f32]) {
+    let pair = 2 * in_w;
+    let rows = x.chunks_exact(pair).zip(g.chunks_exact(in_w / 2));
+    for ((xs, gs), ds) in rows.zip(dst.chunks_exact_mut(pair)) {
+        let (top, bottom) = xs.split_at(in_w);
+        let (d0, d1) = ds.split_at_mut(in_w);
+        let windows = top
+            .chunks_exact(2)
+            .zip(bottom.chunks_exact(2))
+            .zip(d0.chunks_exact_mut(2).zip(d1.chunks_exact_mut(2)));
+        for (((t, b), (o0, o1)), &share) in windows.zip(gs) {
+            let hit = first_max_hits(t[0], t[1], b[0], b[1]);
+            let part = |h: bool| if h { share } else { 0.0 };
+            o0[0] = part(hit[0]);
+            o0[1] = part(hit[1]);
+            o1[0] = part(hit[2]);
+            o1[1] = part(hit[3]);
+        }
     }
-    // With no NaN one tap equals the max; with one, the first NaN wins. The 0b1000 bit keeps
-    // the count in range whatever happens.
-    let chosen = if nan != 0 { nan } else { equal };
-    (chosen | 0b1000).trailing_zeros()
+}
+
+/// Which of the taps `a, b, c, d` (row-major) is the window's first maximum, NaN winning: a
+/// tap wins when it is NaN or no later tap is larger and no earlier tap won. Comparisons and
+/// logic only, no branch. A test checks it against the definition (the first tap equal to the
+/// max, or the first NaN) on every case of NaN, signed zeros, infinities and ties.
+#[inline(always)]
+fn first_max_hits(a: f32, b: f32, c: f32, d: f32) -> [bool; 4] {
+    let ha = a.is_nan() | ((a >= b) & (a >= c) & (a >= d));
+    let hb = !ha & (b.is_nan() | ((b >= c) & (b >= d)));
+    let hc = !ha & !hb & (c.is_nan() | (c >= d));
+    [ha, hb, hc, !(ha | hb | hc)]
 }
 
 /// One plane of a 2x2/stride-2 max pool (see [`is_2x2`]).
@@ -174,15 +192,12 @@ fn max_2x2_grad_plane(x: Plane, g: Plane, window: &Window2d, dst: &mut [f32]) {
         let rows = r0.chunks_exact(2).zip(r1.chunks_exact(2));
         let outs = d0.chunks_exact_mut(2).zip(d1.chunks_exact_mut(2));
         for ((&share, (p, q)), (dp, dq)) in grads.iter().zip(rows).zip(outs) {
-            let winner = first_max_of_4([p[0], p[1], q[0], q[1]]);
-            // `share` where the tap won, +0.0 elsewhere, selected on the bits: no branch.
-            let part = |tap: u32| {
-                f32::from_bits(share.to_bits() & 0u32.wrapping_sub((tap == winner) as u32))
-            };
-            dp[0] = part(0);
-            dp[1] = part(1);
-            dq[0] = part(2);
-            dq[1] = part(3);
+            let hit = first_max_hits(p[0], p[1], q[0], q[1]);
+            let part = |h: bool| if h { share } else { 0.0 };
+            dp[0] = part(hit[0]);
+            dp[1] = part(hit[1]);
+            dq[0] = part(hit[2]);
+            dq[1] = part(hit[3]);
         }
     }
 }
@@ -197,24 +212,14 @@ fn max_2x2_grad_rows(x: &[f32], g: &[f32], in_w: usize, dst: &mut [f32]) {
         let pairs = dst.len() / pair;
         let x = &x[first_pair * pair..][..pairs * pair];
         let g = &g[first_pair * out_w..][..pairs * out_w];
-        for ((xs, gs), ds) in x
-            .chunks_exact(pair)
-            .zip(g.chunks_exact(out_w))
-            .zip(dst.chunks_exact_mut(pair))
-        {
-            let (top, bottom) = xs.split_at(in_w);
-            let (d0, d1) = ds.split_at_mut(in_w);
-            for (ow, &share) in gs.iter().enumerate() {
-                let j = 2 * ow;
-                let winner = first_max_of_4([top[j], top[j + 1], bottom[j], bottom[j + 1]]);
-                let part = |tap: u32| {
-                    f32::from_bits(share.to_bits() & 0u32.wrapping_sub((tap == winner) as u32))
-                };
-                d0[j] = part(0);
-                d0[j + 1] = part(1);
-                d1[j] = part(2);
-                d1[j + 1] = part(3);
-            }
+        // The usual widths as constants, so each row pair's loop is unrolled: with a run-time
+        // width of 4 or 8 the loop overhead cost twice the windows themselves.
+        match in_w {
+            4 => grad_row_pairs(x, g, 4, dst),
+            8 => grad_row_pairs(x, g, 8, dst),
+            16 => grad_row_pairs(x, g, 16, dst),
+            32 => grad_row_pairs(x, g, 32, dst),
+            _ => grad_row_pairs(x, g, in_w, dst),
         }
     };
     if pair == 0 {
@@ -421,4 +426,48 @@ fn pool_window(
 ) -> KResult<Window2d> {
     let channels = x_shape.get(1).copied().unwrap_or(0);
     Window2d::checked(name, x_shape, kernel, stride, padding, channels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The definition: the first tap equal to the max, or the first NaN.
+    fn first_max_of_4(taps: [f32; 4]) -> u32 {
+        let m = taps[0].max(taps[1]).max(taps[2].max(taps[3]));
+        let (mut equal, mut nan) = (0u32, 0u32);
+        for (i, &v) in taps.iter().enumerate() {
+            equal |= ((v == m) as u32) << i;
+            nan |= (v.is_nan() as u32) << i;
+        }
+        // With no NaN one tap equals the max; with one, the first NaN wins. The 0b1000 bit keeps
+        // the count in range whatever happens.
+        let chosen = if nan != 0 { nan } else { equal };
+        (chosen | 0b1000).trailing_zeros()
+    }
+
+    #[test]
+    fn the_two_first_maximum_rules_agree_on_nan_signed_zeros_infinities_and_ties() {
+        let values = [
+            f32::NAN,
+            -1.0,
+            0.0,
+            -0.0,
+            1.0,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+        ];
+        for &a in &values {
+            for &b in &values {
+                for &c in &values {
+                    for &d in &values {
+                        let hits = first_max_hits(a, b, c, d);
+                        assert_eq!(hits.iter().filter(|&&h| h).count(), 1, "{a} {b} {c} {d}");
+                        let winner = hits.iter().position(|&h| h).unwrap_or(4) as u32;
+                        assert_eq!(winner, first_max_of_4([a, b, c, d]), "{a} {b} {c} {d}");
+                    }
+                }
+            }
+        }
+    }
 }
