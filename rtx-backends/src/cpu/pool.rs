@@ -165,6 +165,48 @@ fn first_max_hits(a: f32, b: f32, c: f32, d: f32) -> [bool; 4] {
 }
 
 /// One plane of a 2x2/stride-2 max pool (see [`is_2x2`]).
+/// [`max_2x2_plane`] over a contiguous `x` whose planes have even sizes: every pair of input
+/// rows in one loop, the usual widths as constants (see [`max_2x2_grad_rows`]), in fixed
+/// pieces across threads when large.
+fn max_2x2_rows(x: &[f32], in_w: usize, out: &mut [f32]) {
+    let out_w = in_w / 2;
+    if out_w == 0 {
+        return;
+    }
+    let fill = |first_row: usize, out: &mut [f32]| {
+        let x = &x[first_row * 2 * in_w..][..out.len() * 4];
+        match in_w {
+            4 => pool_row_pairs(x, 4, out),
+            8 => pool_row_pairs(x, 8, out),
+            16 => pool_row_pairs(x, 16, out),
+            32 => pool_row_pairs(x, 32, out),
+            _ => pool_row_pairs(x, in_w, out),
+        }
+    };
+    let piece = (PARALLEL_THRESHOLD / out_w).max(1) * out_w;
+    if out.len() * 4 > PARALLEL_THRESHOLD {
+        out.par_chunks_mut(piece)
+            .enumerate()
+            .for_each(|(i, o)| fill(i * piece / out_w, o));
+    } else {
+        fill(0, out);
+    }
+}
+
+#[inline(always)]
+fn pool_row_pairs(x: &[f32], in_w: usize, out: &mut [f32]) {
+    for (xs, out_row) in x.chunks_exact(2 * in_w).zip(out.chunks_exact_mut(in_w / 2)) {
+        let (top, bottom) = xs.split_at(in_w);
+        for ((o, t), b) in out_row
+            .iter_mut()
+            .zip(top.chunks_exact(2))
+            .zip(bottom.chunks_exact(2))
+        {
+            *o = max4([t[0], t[1], b[0], b[1]]).0;
+        }
+    }
+}
+
 fn max_2x2_plane(x: Plane, out_w: usize, dst: &mut [f32]) {
     for (oh, out_row) in dst.chunks_mut(out_w).enumerate() {
         let r0 = &x.data[x.base + 2 * oh * x.row..][..2 * out_w];
@@ -255,6 +297,12 @@ pub fn max_pool2d(
     let mut out = crate::pool::take(window.batch * window.channels * window.out_plane());
     let out_w = window.out_size[1];
     let halves = is_2x2(&window, &[l]);
+    if halves && l.is_contiguous() && window.in_size.iter().all(|n| n % 2 == 0) {
+        // Planes follow each other: the whole tensor is one run of row pairs.
+        let x = &x[l.offset..l.offset + 4 * out.len()];
+        max_2x2_rows(x, window.in_size[1], &mut out);
+        return Ok((out, window.out_shape(window.channels)));
+    }
     for_each_plane(&mut out, window.out_plane(), |plane, dst| {
         let x = reader.plane(plane);
         if halves {

@@ -250,7 +250,7 @@ fn avg_pool2d_grad_refuses_an_input_shape_of_rank_three() {
 }
 
 #[test]
-fn max_pool_grad_on_even_planes_picks_the_first_nan_or_first_tie() {
+fn max_pool_on_even_planes_propagates_nan_and_routes_the_gradient_to_the_first_nan_or_tie() {
     // Two 4x4 planes (the whole-tensor 2x2 path): a NaN late in a window, ties of zeros
     // (relu outputs), and a plain maximum.
     let nan = f32::NAN;
@@ -270,7 +270,11 @@ fn max_pool_grad_on_even_planes_picks_the_first_nan_or_first_tie() {
     let g: Vec<f32> = (1..=8).map(|v| v as f32).collect();
     let lg = Layout::contiguous(&[1, 2, 2, 2]);
 
+    let (y, _) = max_pool2d(&x, &lx, [2, 2], [2, 2], [0, 0]).unwrap();
     let dx = max_pool2d_grad(&x, &lx, &g, &lg, [2, 2], [2, 2], [0, 0]).unwrap();
+
+    assert!(y[0].is_nan(), "{y:?}");
+    assert_eq!(&y[1..], &[0.0, 5.0, -0.5, 7.0, 7.0, 7.0, 7.0]);
 
     #[rustfmt::skip]
     let want = vec![
