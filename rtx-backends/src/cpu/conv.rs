@@ -192,6 +192,12 @@ fn im2col(x: &[f32], lx: &Layout, window: &Window2d) -> Vec<f32> {
                     continue;
                 }
                 let ih = oh * window.stride[0] + tap_h - window.padding[0];
+                if step_w == 1 && stride_w == 1 {
+                    let src = &x[base + ih * stride_h..][..window.in_size[1]];
+                    let shift = tap_w as isize - pad_w as isize;
+                    copy_shifted(src, shift, dst_row);
+                    continue;
+                }
                 dst_row[..valid_w.start].fill(0.0);
                 dst_row[valid_w.end..].fill(0.0);
                 let first =
@@ -212,6 +218,34 @@ fn im2col(x: &[f32], lx: &Layout, window: &Window2d) -> Vec<f32> {
             }
         }
     };
+    if same_size_plane(window, lx) {
+        // One channel's KH*KW rows at a time: each image's plane is padded once into a small
+        // buffer, and every tap's row is then plain fixed-width copies out of it.
+        let fill_channel = |channel: usize, dst: &mut [f32]| {
+            let mut padded = [0.0f32; PADDED_PLANE];
+            for image in 0..window.batch {
+                let base = lx.offset + image * stride_n + channel * stride_c;
+                let src = &x[base..base + window.in_plane()];
+                match window.in_size[1] {
+                    4 => unfold_plane::<4>(src, window, &mut padded, image, dst),
+                    8 => unfold_plane::<8>(src, window, &mut padded, image, dst),
+                    16 => unfold_plane::<16>(src, window, &mut padded, image, dst),
+                    _ => unfold_plane::<32>(src, window, &mut padded, image, dst),
+                }
+            }
+        };
+        let chunk = window.taps() * pixels;
+        if cols.len() > PARALLEL_THRESHOLD {
+            cols.par_chunks_mut(chunk)
+                .enumerate()
+                .for_each(|(c, dst)| fill_channel(c, dst));
+        } else {
+            cols.chunks_mut(chunk)
+                .enumerate()
+                .for_each(|(c, dst)| fill_channel(c, dst));
+        }
+        return cols;
+    }
     if cols.len() > PARALLEL_THRESHOLD {
         cols.par_chunks_mut(pixels)
             .enumerate()
@@ -222,6 +256,80 @@ fn im2col(x: &[f32], lx: &Layout, window: &Window2d) -> Vec<f32> {
             .for_each(|(row, dst)| fill_row(row, dst));
     }
     cols
+}
+
+/// Values of the stack buffer a padded plane is built in.
+const PADDED_PLANE: usize = 48 * 48;
+
+/// Whether `im2col` can take the fixed-size path: stride 1, output as large as the input
+/// ("same" padding), contiguous square planes of 4, 8, 16 or 32 whose padded copy fits in
+/// `PADDED_PLANE`.
+fn same_size_plane(window: &Window2d, lx: &Layout) -> bool {
+    let [h, w] = window.in_size;
+    let padded = (h + 2 * window.padding[0]) * (w + 2 * window.padding[1]);
+    window.stride == [1, 1]
+        && window.out_size == window.in_size
+        && lx.is_contiguous()
+        && h == w
+        && matches!(w, 4 | 8 | 16 | 32)
+        && padded <= PADDED_PLANE
+}
+
+/// Image `image`'s part of one channel's im2col rows (`dst` holds the channel's KH*KW rows of
+/// `N * W * W` pixels): `src` (a `W x W` plane) is copied into `padded` with its zero border,
+/// then row `oh` of tap `(th, tw)` is the `W` values of padded row `oh + th` from column `tw`.
+#[inline(always)]
+fn unfold_plane<const W: usize>(
+    src: &[f32],
+    window: &Window2d,
+    padded: &mut [f32; PADDED_PLANE],
+    image: usize,
+    dst: &mut [f32],
+) {
+    let [ph, pw] = window.padding;
+    let (pwidth, pheight) = (W + 2 * pw, W + 2 * ph);
+    padded[..pwidth * pheight].fill(0.0);
+    for (r, src_row) in src.chunks_exact(W).enumerate() {
+        padded[(r + ph) * pwidth + pw..][..W].copy_from_slice(src_row);
+    }
+    let plane = W * W;
+    let pixels = window.batch * plane;
+    let [kh, kw] = window.kernel;
+    for th in 0..kh {
+        for tw in 0..kw {
+            let row = &mut dst[(th * kw + tw) * pixels + image * plane..][..plane];
+            for (oh, out) in row.chunks_exact_mut(W).enumerate() {
+                let from = &padded[(oh + th) * pwidth + tw..][..W];
+                out.copy_from_slice(from);
+            }
+        }
+    }
+}
+
+/// `dst[ow] = src[ow + shift]`, zero where that falls outside `src`: one row of a stride-1
+/// im2col. The usual widths are constants, so the row is unrolled with selects instead of a
+/// memcpy call per run of three or four values.
+#[inline]
+fn copy_shifted(src: &[f32], shift: isize, dst: &mut [f32]) {
+    #[inline(always)]
+    fn row(src: &[f32], shift: isize, dst: &mut [f32], width: usize) {
+        let n = src.len() as isize;
+        for (ow, d) in dst[..width].iter_mut().enumerate() {
+            let iw = ow as isize + shift;
+            *d = if (0..n).contains(&iw) {
+                src[iw as usize]
+            } else {
+                0.0
+            };
+        }
+    }
+    match dst.len() {
+        4 => row(src, shift, dst, 4),
+        8 => row(src, shift, dst, 8),
+        16 => row(src, shift, dst, 16),
+        32 => row(src, shift, dst, 32),
+        w => row(src, shift, dst, w),
+    }
 }
 
 /// Folds a column-matrix gradient back onto `[N, C, H, W]`, summing overlapping taps. Each

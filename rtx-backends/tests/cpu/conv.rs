@@ -10,7 +10,27 @@ struct Case {
     padding: [usize; 2],
 }
 
-const CASES: [Case; 4] = [
+const CASES: [Case; 7] = [
+    // "Same" convolutions of square planes of 4, 8 and 16: the fixed-size im2col path
+    // (3x3 padding 1, 5x5 padding 2, 1x1), in parallel for the largest.
+    Case {
+        x_shape: [2, 3, 8, 8],
+        w_shape: [4, 3, 3, 3],
+        stride: [1, 1],
+        padding: [1, 1],
+    },
+    Case {
+        x_shape: [3, 2, 4, 4],
+        w_shape: [5, 2, 5, 5],
+        stride: [1, 1],
+        padding: [2, 2],
+    },
+    Case {
+        x_shape: [16, 8, 16, 16],
+        w_shape: [3, 8, 1, 1],
+        stride: [1, 1],
+        padding: [0, 0],
+    },
     Case {
         x_shape: [2, 3, 7, 6],
         w_shape: [4, 3, 3, 2],
@@ -246,4 +266,39 @@ fn conv2d_grad_weight_refuses_a_gradient_of_another_shape_than_the_output() {
     )
     .unwrap_err();
     assert!(matches!(err, KernelError::Shapes { .. }), "{err}");
+}
+
+#[test]
+fn same_convolutions_of_contiguous_images_equal_the_general_path_bit_for_bit() {
+    // The fixed-size im2col (contiguous square planes, stride 1, output as large as the input)
+    // copies the same values as the general one (taken for a channels-last view of the same
+    // numbers), so the products are identical.
+    let mut rng = Rng::new(31);
+    for (x_shape, w_shape, pad) in [
+        ([2, 3, 8, 8], [4, 3, 3, 3], 1),
+        ([3, 2, 4, 4], [5, 2, 5, 5], 2),
+        ([16, 8, 16, 16], [3, 8, 1, 1], 0),
+    ] {
+        let (x, lx) = random_contiguous(&mut rng, &x_shape);
+        let (w, lw) = random_contiguous(&mut rng, &w_shape);
+        let [_, c, h, wd] = x_shape;
+        let mut nhwc = vec![0.0f32; x.len()];
+        for (i, &v) in x.iter().enumerate() {
+            let [ni, ci, hi, wi] = unravel(i, &x_shape)[..] else {
+                unreachable!()
+            };
+            nhwc[((ni * h + hi) * wd + wi) * c + ci] = v;
+        }
+        let l_nhwc = Layout {
+            shape: lx.shape.clone(),
+            strides: smallvec::smallvec![h * wd * c, 1, wd * c, c],
+            offset: 0,
+        };
+
+        let (fast, shape) = conv2d(&x, &lx, &w, &lw, [1, 1], [pad, pad]).unwrap();
+        let (general, _) = conv2d(&nhwc, &l_nhwc, &w, &lw, [1, 1], [pad, pad]).unwrap();
+
+        assert_eq!(shape.as_slice(), &[x_shape[0], w_shape[0], h, wd]);
+        assert_eq!(fast, general, "{x_shape:?} * {w_shape:?}");
+    }
 }
