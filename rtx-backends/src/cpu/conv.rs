@@ -218,7 +218,7 @@ fn im2col(x: &[f32], lx: &Layout, window: &Window2d) -> Vec<f32> {
             }
         }
     };
-    if same_size_plane(window, lx) {
+    if same_size_plane(window) && lx.is_contiguous() {
         // One channel's KH*KW rows at a time: each image's plane is padded once into a small
         // buffer, and every tap's row is then plain fixed-width copies out of it.
         let fill_channel = |channel: usize, dst: &mut [f32]| {
@@ -258,18 +258,51 @@ fn im2col(x: &[f32], lx: &Layout, window: &Window2d) -> Vec<f32> {
     cols
 }
 
+/// One `W x W` plane of the input gradient of a "same" convolution: every tap's rows of the
+/// column gradient are added, in tap order (as the general path adds them, so the bits are
+/// the same), into a zeroed padded plane at fixed-width offsets; the interior is the result.
+#[inline(always)]
+fn fold_plane<const W: usize>(
+    cols: &[f32],
+    window: &Window2d,
+    image: usize,
+    channel: usize,
+    padded: &mut [f32; PADDED_PLANE],
+    plane: &mut [f32],
+) {
+    let [ph, pw] = window.padding;
+    let (pwidth, pheight) = (W + 2 * pw, W + 2 * ph);
+    padded[..pwidth * pheight].fill(0.0);
+    let pixels = window.batch * W * W;
+    let [kh, kw] = window.kernel;
+    for th in 0..kh {
+        for tw in 0..kw {
+            let row = channel * kh * kw + th * kw + tw;
+            let src = &cols[row * pixels + image * W * W..][..W * W];
+            for (oh, values) in src.chunks_exact(W).enumerate() {
+                let to = &mut padded[(oh + th) * pwidth + tw..][..W];
+                for (t, &v) in to.iter_mut().zip(values) {
+                    *t += v;
+                }
+            }
+        }
+    }
+    for (r, out) in plane.chunks_exact_mut(W).enumerate() {
+        out.copy_from_slice(&padded[(r + ph) * pwidth + pw..][..W]);
+    }
+}
+
 /// Values of the stack buffer a padded plane is built in.
 const PADDED_PLANE: usize = 48 * 48;
 
-/// Whether `im2col` can take the fixed-size path: stride 1, output as large as the input
-/// ("same" padding), contiguous square planes of 4, 8, 16 or 32 whose padded copy fits in
-/// `PADDED_PLANE`.
-fn same_size_plane(window: &Window2d, lx: &Layout) -> bool {
+/// Whether `im2col` and `col2im` can take the fixed-size path: stride 1, output as large as
+/// the input ("same" padding), square planes of 4, 8, 16 or 32 whose padded copy fits in
+/// `PADDED_PLANE` (`im2col` also needs a contiguous input).
+fn same_size_plane(window: &Window2d) -> bool {
     let [h, w] = window.in_size;
     let padded = (h + 2 * window.padding[0]) * (w + 2 * window.padding[1]);
     window.stride == [1, 1]
         && window.out_size == window.in_size
-        && lx.is_contiguous()
         && h == w
         && matches!(w, 4 | 8 | 16 | 32)
         && padded <= PADDED_PLANE
@@ -339,13 +372,33 @@ fn col2im(cols: &[f32], window: &Window2d) -> Vec<f32> {
     let [_, in_w] = window.in_size;
     let [_, out_w] = window.out_size;
     let pixels = window.batch * window.out_plane();
-    let mut dx = crate::pool::take_zeroed(window.batch * window.channels * window.in_plane());
+    let same = same_size_plane(window);
+    let len = window.batch * window.channels * window.in_plane();
+    // The fixed-size path writes every element; the general one adds into zeros.
+    let mut dx = if same {
+        crate::pool::take(len)
+    } else {
+        crate::pool::take_zeroed(len)
+    };
     if dx.is_empty() || pixels == 0 {
+        if same {
+            dx.fill(0.0);
+        }
         return dx;
     }
     let (step_w, pad_w) = (window.stride[1], window.padding[1]);
     let fill_plane = |plane_index: usize, plane: &mut [f32]| {
         let (image, channel) = (plane_index / window.channels, plane_index % window.channels);
+        if same {
+            let mut padded = [0.0f32; PADDED_PLANE];
+            match in_w {
+                4 => fold_plane::<4>(cols, window, image, channel, &mut padded, plane),
+                8 => fold_plane::<8>(cols, window, image, channel, &mut padded, plane),
+                16 => fold_plane::<16>(cols, window, image, channel, &mut padded, plane),
+                _ => fold_plane::<32>(cols, window, image, channel, &mut padded, plane),
+            }
+            return;
+        }
         for tap in 0..window.taps() {
             let (tap_h, tap_w) = (tap / kernel_w, tap % kernel_w);
             let (valid_h, valid_w) = (window.out_range(0, tap_h), window.out_range(1, tap_w));
