@@ -481,39 +481,85 @@ where
         // first, so the body runs as a loop the compiler vectorizes (lanes past the piece's
         // end compute on zeros and are dropped).
         for (piece, chunk) in values.chunks_mut(SEGMENT).enumerate() {
-            let (start, width) = (piece * SEGMENT, chunk.len());
-            let mut args = [[0.0f32; SEGMENT]; N];
-            args[0][..width].copy_from_slice(chunk);
-            for i in 1..N {
-                let (data, _) = extras[i - 1];
-                let (base, stride) = (bases[i] + start * col_strides[i], col_strides[i]);
-                if stride == 1 {
-                    args[i][..width].copy_from_slice(&data[base..base + width]);
-                } else {
-                    for (j, arg) in args[i][..width].iter_mut().enumerate() {
-                        *arg = data[base + j * stride];
-                    }
-                }
-            }
-            let mut results = [[0.0f32; SEGMENT]; M];
-            for j in 0..SEGMENT {
-                let r = body(std::array::from_fn(|i| args[i][j]));
-                for (o, result) in results.iter_mut().enumerate() {
-                    result[j] = r[o];
-                }
-            }
-            chunk.copy_from_slice(&results[0][..width]);
+            let start = piece * SEGMENT;
             let flat = (batch * m + row) * n + col0 + start;
-            for (o, ptr) in out_ptrs.iter().enumerate().skip(1) {
-                // SAFETY: each element of C is visited once, by the task that owns it, and
-                // output `o` holds as many elements as C.
-                let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(flat), width) };
-                dst.copy_from_slice(&results[o][..width]);
+            let at = EpilogueAt {
+                extras,
+                bases: &bases,
+                col_strides: &col_strides,
+                start,
+                flat,
+                out_ptrs: &out_ptrs,
+            };
+            // A whole piece with its width as a constant: the copies in and out become a
+            // few vector moves instead of memcpy calls.
+            if chunk.len() == SEGMENT {
+                epilogue_piece(chunk, SEGMENT, &at, &body);
+            } else {
+                let width = chunk.len();
+                epilogue_piece(chunk, width, &at, &body);
             }
         }
     };
     outs[0] = gemm(gemm_kernel(), a, la, b, lb, &product, Some(&epilogue));
     Ok((outs, product.out_shape))
+}
+
+/// Where one piece of a matmul epilogue reads its other arguments and writes its other
+/// results.
+struct EpilogueAt<'a, const N: usize, const M: usize> {
+    extras: &'a [(&'a [f32], &'a Layout)],
+    bases: &'a [usize; N],
+    col_strides: &'a [usize; N],
+    /// The piece's first column within the row segment.
+    start: usize,
+    /// The piece's first element in C.
+    flat: usize,
+    out_ptrs: &'a [OutPtr; M],
+}
+
+/// The epilogue body over `width` values of C (`chunk`, rewritten with result 0): the
+/// arguments are gathered into fixed-size arrays first, so the body runs as a loop the
+/// compiler vectorizes (lanes past `width` compute on zeros and are dropped).
+#[inline(always)]
+fn epilogue_piece<const N: usize, const M: usize, F>(
+    chunk: &mut [f32],
+    width: usize,
+    at: &EpilogueAt<'_, N, M>,
+    body: &F,
+) where
+    F: Fn([f32; N]) -> [f32; M],
+{
+    let mut args = [[0.0f32; SEGMENT]; N];
+    args[0][..width].copy_from_slice(&chunk[..width]);
+    for i in 1..N {
+        let (data, _) = at.extras[i - 1];
+        let (base, stride) = (
+            at.bases[i] + at.start * at.col_strides[i],
+            at.col_strides[i],
+        );
+        if stride == 1 {
+            args[i][..width].copy_from_slice(&data[base..base + width]);
+        } else {
+            for (j, arg) in args[i][..width].iter_mut().enumerate() {
+                *arg = data[base + j * stride];
+            }
+        }
+    }
+    let mut results = [[0.0f32; SEGMENT]; M];
+    for j in 0..SEGMENT {
+        let r = body(std::array::from_fn(|i| args[i][j]));
+        for (o, result) in results.iter_mut().enumerate() {
+            result[j] = r[o];
+        }
+    }
+    chunk[..width].copy_from_slice(&results[0][..width]);
+    for (o, ptr) in at.out_ptrs.iter().enumerate().skip(1) {
+        // SAFETY: each element of C is visited once, by the task that owns it, and output
+        // `o` holds as many elements as C.
+        let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(at.flat), width) };
+        dst.copy_from_slice(&results[o][..width]);
+    }
 }
 
 /// Values per piece of a matmul epilogue (the widest tile).
