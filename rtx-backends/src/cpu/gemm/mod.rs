@@ -532,17 +532,15 @@ fn epilogue_piece<const N: usize, const M: usize, F>(
 {
     let mut args = [[0.0f32; SEGMENT]; N];
     args[0][..width].copy_from_slice(&chunk[..width]);
-    for i in 1..N {
+    for (i, arg) in args.iter_mut().enumerate().skip(1) {
         let (data, _) = at.extras[i - 1];
-        let (base, stride) = (
-            at.bases[i] + at.start * at.col_strides[i],
-            at.col_strides[i],
-        );
+        let stride = at.col_strides[i];
+        let base = at.bases[i] + at.start * stride;
         if stride == 1 {
-            args[i][..width].copy_from_slice(&data[base..base + width]);
+            arg[..width].copy_from_slice(&data[base..base + width]);
         } else {
-            for (j, arg) in args[i][..width].iter_mut().enumerate() {
-                *arg = data[base + j * stride];
+            for (j, a) in arg[..width].iter_mut().enumerate() {
+                *a = data[base + j * stride];
             }
         }
     }
