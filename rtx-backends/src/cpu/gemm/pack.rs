@@ -68,7 +68,15 @@ pub(super) fn pack_a(
         if height < mr {
             panel_dst.fill(0.0);
         }
-        if a.col_stride == 1 && mr <= 16 {
+        if a.col_stride == 1 && height == mr && matches!(mr, 14 | 6 | 4) {
+            // A full panel of a kernel's height: the row count is a constant, so the loop over
+            // rows unrolls and each row's bounds are checked once, not per value.
+            match mr {
+                14 => pack_rows::<14>(a, first, k0, kc, panel_dst),
+                6 => pack_rows::<6>(a, first, k0, kc, panel_dst),
+                _ => pack_rows::<4>(a, first, k0, kc, panel_dst),
+            }
+        } else if a.col_stride == 1 && mr <= 16 {
             // Rows of A are contiguous: read the panel's rows side by side and write each k's
             // `mr` values contiguously (every kernel's `mr` is at most 16).
             let rows: [&[f32]; 16] = std::array::from_fn(|r| {
@@ -130,5 +138,26 @@ fn pack_columns<const MR: usize>(
     for (kk, dst) in panel_dst.chunks_exact_mut(MR).take(kc).enumerate() {
         let start = a.offset + (k0 + kk) * a.col_stride + first;
         dst.copy_from_slice(&a.data[start..start + MR]);
+    }
+}
+
+/// `MR` rows of a row-major A (`a.col_stride == 1`), columns `k0..k0 + kc`, k-major: each k
+/// gathers one value from every row.
+#[inline(always)]
+fn pack_rows<const MR: usize>(
+    a: MatrixView,
+    first: usize,
+    k0: usize,
+    kc: usize,
+    panel_dst: &mut [f32],
+) {
+    let rows: [&[f32]; MR] = std::array::from_fn(|r| {
+        let start = a.offset + (first + r) * a.row_stride + k0;
+        &a.data[start..start + kc]
+    });
+    for (kk, dst) in panel_dst.chunks_exact_mut(MR).take(kc).enumerate() {
+        for (d, row) in dst.iter_mut().zip(&rows) {
+            *d = row[kk];
+        }
     }
 }
