@@ -81,7 +81,11 @@ fn stay_awake(caller: Option<usize>, done: &AtomicBool) {
             if idle.is_multiple_of(64) {
                 std::thread::yield_now();
             } else {
-                std::hint::spin_loop();
+                // Looking for work touches the pool's shared queues: between looks, wait a
+                // few hundred cycles so the working thread keeps those cache lines.
+                for _ in 0..8 {
+                    std::hint::spin_loop();
+                }
             }
         }
     }
