@@ -143,7 +143,8 @@ fn packed_pairs(a: &[bf16], la: &Layout, b: &[bf16], lb: &Layout, product: &Prod
         packed_b.chunks_mut(panel_len).enumerate().for_each(pack_b);
     }
 
-    let blocks = blocking(m, n, batches, MR, NR, parallel);
+    let work = (batches * m * n).saturating_mul(k);
+    let blocks = blocking(m, n, batches, MR, NR, parallel.then_some(work));
     let Blocking {
         row_blocks,
         nc,

@@ -38,6 +38,8 @@ const KC: usize = 256;
 /// Most micro-panels of A per task (rows of C per task = this times MR), so the packed A
 /// block (`MC x KC`) stays within L2.
 const MAX_ROW_PANELS: usize = 24;
+/// Fewest multiply-adds per task of a parallel product.
+const TASK_WORK: usize = 1 << 19;
 /// Multiply-adds below which forking costs more than it saves.
 const PARALLEL_WORK: usize = 1 << 17;
 /// The largest tile of any kernel, for the edge tiles computed into a local buffer.
@@ -369,7 +371,8 @@ fn gemm(
     let panels = n.div_ceil(nr);
     let b_len = panels * k * nr;
 
-    let blocks = blocking(m, n, batches, mr, nr, parallel);
+    let work = (batches * m * n).saturating_mul(k);
+    let blocks = blocking(m, n, batches, mr, nr, parallel.then_some(work));
     let Blocking {
         row_blocks,
         nc,
@@ -597,12 +600,13 @@ pub(crate) fn blocking(
     batches: usize,
     mr: usize,
     nr: usize,
-    parallel: bool,
+    parallel_work: Option<usize>,
 ) -> Blocking {
-    let wanted = if parallel {
-        4 * rayon::current_num_threads()
-    } else {
-        1
+    // Up to four tasks per thread for load balance, but none smaller than `TASK_WORK`
+    // multiply-adds: below that a task's packing and hand-off cost more than its share.
+    let wanted = match parallel_work {
+        Some(work) => (work / TASK_WORK).clamp(1, 4 * rayon::current_num_threads()),
+        None => 1,
     };
     let row_blocks_wanted = wanted.div_ceil(batches).max(1);
     let mc = (m.div_ceil(row_blocks_wanted).div_ceil(mr) * mr).clamp(mr, MAX_ROW_PANELS * mr);
