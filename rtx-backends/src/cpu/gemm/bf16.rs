@@ -144,7 +144,7 @@ fn packed_pairs(a: &[bf16], la: &Layout, b: &[bf16], lb: &Layout, product: &Prod
     }
 
     let work = (batches * m * n).saturating_mul(k);
-    let blocks = blocking(m, n, batches, MR, NR, parallel.then_some(work));
+    let blocks = blocking(m, n, batches, k, MR, NR, parallel.then_some(work));
     let Blocking {
         row_blocks,
         nc,

@@ -38,6 +38,8 @@ const KC: usize = 256;
 /// Most micro-panels of A per task (rows of C per task = this times MR), so the packed A
 /// block (`MC x KC`) stays within L2.
 const MAX_ROW_PANELS: usize = 24;
+/// Bytes of packed B above which re-reading it per row block goes to L3.
+const B_IN_L2: usize = 1 << 20;
 /// Fewest multiply-adds per task of a parallel product.
 const TASK_WORK: usize = 1 << 19;
 /// Multiply-adds below which forking costs more than it saves.
@@ -372,7 +374,7 @@ fn gemm(
     let b_len = panels * k * nr;
 
     let work = (batches * m * n).saturating_mul(k);
-    let blocks = blocking(m, n, batches, mr, nr, parallel.then_some(work));
+    let blocks = blocking(m, n, batches, k, mr, nr, parallel.then_some(work));
     let Blocking {
         row_blocks,
         nc,
@@ -598,6 +600,7 @@ pub(crate) fn blocking(
     m: usize,
     n: usize,
     batches: usize,
+    k: usize,
     mr: usize,
     nr: usize,
     parallel_work: Option<usize>,
@@ -608,15 +611,31 @@ pub(crate) fn blocking(
         Some(work) => (work / TASK_WORK).clamp(1, 4 * rayon::current_num_threads()),
         None => 1,
     };
-    let row_blocks_wanted = wanted.div_ceil(batches).max(1);
-    let mc = (m.div_ceil(row_blocks_wanted).div_ceil(mr) * mr).clamp(mr, MAX_ROW_PANELS * mr);
-    let row_blocks = m.div_ceil(mc);
-    let col_blocks_wanted = wanted.div_ceil(batches * row_blocks).max(1);
-    let nc = (n.div_ceil(col_blocks_wanted).div_ceil(nr) * nr).max(nr);
+    let per_batch = wanted.div_ceil(batches).max(1);
+    // Each row block reads all of B's columns, each column block packs all of A's rows again:
+    // split the side that costs less to re-read (a 256-row A against a 1024-column B splits
+    // columns, or every task would stream the whole of B from L3).
+    let split = |row_blocks_wanted: usize| {
+        let mc = (m.div_ceil(row_blocks_wanted).div_ceil(mr) * mr).clamp(mr, MAX_ROW_PANELS * mr);
+        let row_blocks = m.div_ceil(mc);
+        let col_blocks_wanted = per_batch.div_ceil(row_blocks).max(1);
+        let nc = (n.div_ceil(col_blocks_wanted).div_ceil(nr) * nr).max(nr);
+        let col_blocks = n.div_ceil(nc);
+        (row_blocks, nc, col_blocks, row_blocks * n + col_blocks * m)
+    };
+    let rows_first = split(per_batch);
+    let columns_first = split(1);
+    // Re-reading B only costs when it does not stay in L2 between tasks.
+    let b_spills = k.saturating_mul(n).saturating_mul(4) > B_IN_L2;
+    let (row_blocks, nc, col_blocks, _) = if b_spills && columns_first.3 < rows_first.3 {
+        columns_first
+    } else {
+        rows_first
+    };
     Blocking {
         row_blocks,
         nc,
-        col_blocks: n.div_ceil(nc),
+        col_blocks,
         m,
         mr,
     }
