@@ -85,7 +85,13 @@ pub fn give_back(buffer: Vec<f32>) {
     if p.bytes + len * 4 > CAP_BYTES {
         return;
     }
-    let list = p.free.entry(len).or_default();
+    // A length's list holds up to PER_LENGTH buffers from its creation, so how many buffers
+    // of one size happen to be idle at once (which varies with thread scheduling) never
+    // makes it grow, i.e. allocate, in a later step.
+    let list = p
+        .free
+        .entry(len)
+        .or_insert_with(|| Vec::with_capacity(PER_LENGTH));
     if list.len() >= PER_LENGTH {
         return;
     }

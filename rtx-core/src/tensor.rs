@@ -50,20 +50,17 @@ const SPARE_HANDLES: usize = 1024;
 /// all threads: a step may run on a pool thread and hand its results to the caller's thread.
 static SPARE: std::sync::Mutex<Vec<Arc<Storage>>> = std::sync::Mutex::new(Vec::new());
 
-thread_local! {
-    /// What a dropping tensor holds while its handle is moved to `SPARE`.
-    static PLACEHOLDER: Arc<Storage> = Arc::new(Storage::F32(Vec::new()));
-}
+/// What a dropping tensor holds while its handle is moved to `SPARE`: one for all threads, so
+/// no thread allocates its own the first time it drops a tensor.
+static PLACEHOLDER: std::sync::LazyLock<Arc<Storage>> =
+    std::sync::LazyLock::new(|| Arc::new(Storage::F32(Vec::new())));
 
 impl Drop for Tensor {
     fn drop(&mut self) {
         if Arc::get_mut(&mut self.storage).is_none() {
             return; // another tensor still reads this buffer
         }
-        let Ok(placeholder) = PLACEHOLDER.try_with(Arc::clone) else {
-            return; // thread teardown: drop normally
-        };
-        let mut handle = std::mem::replace(&mut self.storage, placeholder);
+        let mut handle = std::mem::replace(&mut self.storage, Arc::clone(&PLACEHOLDER));
         if let Some(storage) = Arc::get_mut(&mut handle) {
             // The buffer goes back to the kernels' cache here (`Storage::drop`).
             *storage = Storage::F32(Vec::new());

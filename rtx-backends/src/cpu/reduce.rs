@@ -1,7 +1,5 @@
 //! Axis reductions (sum, mean, max), the max-reduction gradient, and `sum_to`.
 
-use std::cell::RefCell;
-
 use rayon::prelude::*;
 
 use crate::layout::{Dims, Layout};
@@ -22,11 +20,9 @@ pub enum ReduceOp {
 /// in piece order. Fixed, so the summation order depends on the shape only.
 const GROUP_PIECE: usize = 16 * 1024;
 
-thread_local! {
-    /// Winners of `max_grad`, kept between calls so a training step after the first allocates
-    /// nothing here.
-    static WINNERS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-}
+/// Winners of `max_grad`, kept between calls (shared by all threads, like the f64 scratch)
+/// so a training step after the first allocates nothing here.
+static WINNERS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
 
 /// `l` seen as kept axes times reduced axes: one group of elements per output element.
 struct Groups {
@@ -343,17 +339,20 @@ pub fn max_grad(
         }
     };
     if numel(&lx.shape) > PARALLEL_THRESHOLD {
-        WINNERS.with(|cell| {
-            let mut winners = cell.take();
-            (0..source.count())
-                .into_par_iter()
-                .map(first_max)
-                .collect_into_vec(&mut winners);
-            for (out_index, &winner) in winners.iter().enumerate() {
-                scatter(out_index, winner);
-            }
-            cell.replace(winners);
-        });
+        let mut winners = WINNERS
+            .lock()
+            .map(|mut kept| std::mem::take(&mut *kept))
+            .unwrap_or_default();
+        (0..source.count())
+            .into_par_iter()
+            .map(first_max)
+            .collect_into_vec(&mut winners);
+        for (out_index, &winner) in winners.iter().enumerate() {
+            scatter(out_index, winner);
+        }
+        if let Ok(mut kept) = WINNERS.lock() {
+            *kept = winners;
+        }
     } else {
         for out_index in 0..source.count() {
             scatter(out_index, first_max(out_index));

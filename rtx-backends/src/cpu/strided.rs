@@ -1,6 +1,7 @@
 //! Walking layouts in row-major order, and the parallel-split policy shared by the kernels.
 
 use std::borrow::Cow;
+use std::sync::Mutex;
 
 use rayon::prelude::*;
 
@@ -83,17 +84,30 @@ pub(crate) fn map_strided<F: Fn(f32) -> f32 + Sync>(x: &[f32], l: &Layout, f: F)
     out
 }
 
-thread_local! {
-    static F64_SCRATCH: std::cell::Cell<Vec<f64>> = const { std::cell::Cell::new(Vec::new()) };
-}
+/// Idle f64 scratch vectors, shared by all threads. A kernel's scratch is taken here for the
+/// kernel's length and put back after: the driving thread of a call varies from call to call,
+/// and a per-thread vector would first grow on each thread at whatever step that thread
+/// first ran a reduction, i.e. allocate after warm-up.
+static F64_SCRATCH: Mutex<Vec<Vec<f64>>> = Mutex::new(Vec::new());
 
-/// Runs `f` on this thread's f64 scratch vector (contents unspecified), kept between calls so
-/// kernels that collect per-row partial sums allocate nothing after warm-up. The vector is
-/// taken out while `f` runs, so a nested call gets a fresh one.
+/// Runs `f` on an f64 scratch vector (contents unspecified), kept between calls so kernels
+/// that collect per-row partial sums allocate nothing after warm-up. Nested or concurrent
+/// calls get vectors of their own.
 pub(crate) fn with_f64_scratch<R>(f: impl FnOnce(&mut Vec<f64>) -> R) -> R {
-    let mut scratch = F64_SCRATCH.with(std::cell::Cell::take);
+    let mut scratch = F64_SCRATCH
+        .lock()
+        .ok()
+        .and_then(|mut idle| idle.pop())
+        .unwrap_or_default();
     let result = f(&mut scratch);
-    F64_SCRATCH.with(|cell| cell.set(scratch));
+    if let Ok(mut idle) = F64_SCRATCH.lock() {
+        if idle.capacity() == 0 {
+            idle.reserve(16);
+        }
+        if idle.len() < idle.capacity() {
+            idle.push(scratch);
+        }
+    }
     result
 }
 

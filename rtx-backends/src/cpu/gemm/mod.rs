@@ -8,8 +8,9 @@
 //! `KC` terms in k order, so each output element sums its terms in the same order whatever
 //! the blocking or the thread count: results are bit-identical across thread counts.
 //!
-//! Nothing here allocates after warm-up: the output comes from `crate::pool`, and the packed
-//! panels live in per-thread scratch buffers that are kept between calls.
+//! Nothing here allocates after warm-up: the output and packed B come from `crate::pool`,
+//! whose exact-size cache hands the same buffers back every step whichever thread drives the
+//! product, and the packed-A buffers are made together, one per thread, by the first product.
 
 pub(crate) mod bf16;
 mod direct;
@@ -52,16 +53,44 @@ const ALIGN: usize = 16;
 const KEEP_SCRATCH: usize = 64 << 20;
 
 thread_local! {
-    /// Packed A block of the task running on this thread.
-    static PACKED_A: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    /// Packed B of the product this thread drives.
+    /// The small B panel of the unpacked few-row path (`direct.rs`), which runs on the
+    /// caller's thread.
     static PACKED_B: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
-/// The largest packed A block of any kernel (`MAX_ROW_PANELS` panels of 14 rows by `KC`):
-/// a thread's A buffer is made this size at once, so it never grows later (which task lands
-/// on which thread varies from call to call).
+/// The largest packed A block of any kernel (`MAX_ROW_PANELS` panels of 14 rows by `KC`).
 const MAX_PACKED_A: usize = MAX_ROW_PANELS * 14 * KC;
+
+/// Idle packed-A buffers, each `MAX_PACKED_A` (plus alignment slack) long so any task can use
+/// any of them. The first product fills this with one per thread and one more at once:
+/// which tasks run at the same time, and on which thread, varies from call to call, and
+/// buffers made on demand would appear at whatever step first ran that many tasks together.
+static PACKED_A: std::sync::Mutex<Vec<Vec<f32>>> = std::sync::Mutex::new(Vec::new());
+
+/// Runs `f` on `len <= MAX_PACKED_A` values (contents unspecified) of a packed-A buffer that
+/// starts on a 64-byte boundary.
+fn with_packed_a<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let fresh = || vec![0.0f32; MAX_PACKED_A + ALIGN];
+    let mut buffer = match PACKED_A.lock() {
+        Ok(mut idle) => {
+            if idle.capacity() == 0 {
+                let count = rayon::current_num_threads() + 1;
+                idle.reserve(4 * count);
+                idle.extend((0..count).map(|_| fresh()));
+            }
+            idle.pop().unwrap_or_else(fresh)
+        }
+        Err(_) => fresh(),
+    };
+    let skip = buffer.as_ptr().align_offset(64).min(ALIGN);
+    let result = f(&mut buffer[skip..skip + len.min(MAX_PACKED_A)]);
+    if let Ok(mut idle) = PACKED_A.lock()
+        && idle.len() < idle.capacity()
+    {
+        idle.push(buffer);
+    }
+    result
+}
 
 /// Runs `f` on `len` values of this thread's scratch buffer `cell` (contents unspecified),
 /// growing it to at least `min_len` when it must grow. The buffer is taken out of the cell
@@ -85,6 +114,15 @@ fn with_scratch<R>(
         cell.with(|c| c.set(buffer));
     }
     result
+}
+
+/// Runs `f` on `len` values (contents unspecified) of a buffer from `crate::pool`, starting on
+/// a 64-byte boundary, and gives the buffer back afterwards: the same sizes every step find
+/// the same buffer, on any thread.
+fn with_cached_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut buffer = crate::pool::Scratch(crate::pool::take(len + ALIGN));
+    let skip = buffer.0.as_ptr().align_offset(64).min(ALIGN);
+    f(&mut buffer.0[skip..skip + len])
 }
 
 /// A matrix read through strides, so transposed or otherwise strided inputs need no copy.
@@ -384,7 +422,10 @@ fn gemm(
     let tasks = batches * row_blocks * col_blocks;
 
     let c = OutPtr(out.as_mut_ptr());
-    with_scratch(&PACKED_B, b_count * b_len, 0, |packed_b| {
+    // Packed B comes from the shared buffer cache, not this thread's scratch: a call from
+    // outside the pool is driven by whichever worker picks it up, and a per-thread buffer
+    // would first grow on each worker at some arbitrary later step.
+    with_cached_scratch(b_count * b_len, |packed_b| {
         let pack = |(index, dst): (usize, &mut [f32])| {
             let (batch, panel) = (index / panels, index % panels);
             pack::pack_b_panel(b_view(batch), k, n, nr, panel, dst);
@@ -679,7 +720,7 @@ impl Block<'_> {
         let (col0, cols) = self.cols;
         let row_panels = rows.div_ceil(mr);
         let packed_len = row_panels * KC.min(k) * mr;
-        with_scratch(&PACKED_A, packed_len, MAX_PACKED_A, |packed_a| {
+        with_packed_a(packed_len, |packed_a| {
             for k0 in (0..k).step_by(KC) {
                 let kc = KC.min(k - k0);
                 let packed_a = &mut packed_a[..row_panels * kc * mr];
