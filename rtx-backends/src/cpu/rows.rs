@@ -64,13 +64,25 @@ where
     let width = |m: usize| if out_wide[m] { cols } else { 1 };
     let mut outs: [Vec<f32>; M] = std::array::from_fn(|m| crate::pool::take(rows * width(m)));
     let ptrs: [OutPtr; M] = std::array::from_fn(|m| OutPtr(outs[m].as_mut_ptr()));
+    // Where each input's leading axes collapse into one stride (a 2-D input, a contiguous or
+    // broadcast batch), row `r` starts at `offset + r * stride`: no division per row and
+    // input, which for short rows (softmax over 10 classes) cost more than the row itself.
+    let row_strides: [Option<usize>; N] = std::array::from_fn(|k| {
+        let l = inputs[k].1;
+        let split = l.rank().saturating_sub(1);
+        collapsed_stride(&l.shape[..split], &l.strides[..split])
+    });
     let row = |r: usize| {
         let ins: [RowIn<'_>; N] = std::array::from_fn(|k| {
             let (data, l) = inputs[k];
             let split = l.rank().saturating_sub(1);
+            let start = match row_strides[k] {
+                Some(stride) => r * stride,
+                None => position(r, &l.shape[..split], &l.strides[..split]),
+            };
             RowIn {
                 data,
-                base: l.offset + position(r, &l.shape[..split], &l.strides[..split]),
+                base: l.offset + start,
                 stride: l.strides.get(split).copied().unwrap_or(0),
             }
         });
@@ -90,4 +102,47 @@ where
             .for_each(row);
     }
     Ok(outs)
+}
+
+/// The one stride that steps through every index of `shape` in row-major order under
+/// `strides`, if there is one: axes of size 1 never move, and each other axis must step by
+/// the stride of the axes inside it times their extent.
+fn collapsed_stride(shape: &[usize], strides: &[usize]) -> Option<usize> {
+    let mut innermost: Option<usize> = None;
+    let mut span = 1usize;
+    for (&n, &s) in shape.iter().zip(strides).rev() {
+        if n == 1 {
+            continue;
+        }
+        match innermost {
+            None => {
+                innermost = Some(s);
+                span = n;
+            }
+            Some(base) => {
+                if Some(s) != base.checked_mul(span) {
+                    return None;
+                }
+                span = span.saturating_mul(n);
+            }
+        }
+    }
+    Some(innermost.unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::collapsed_stride;
+
+    #[test]
+    fn leading_axes_collapse_only_when_they_nest() {
+        assert_eq!(collapsed_stride(&[256], &[10]), Some(10));
+        assert_eq!(collapsed_stride(&[4, 3], &[30, 10]), Some(10));
+        assert_eq!(collapsed_stride(&[4, 1, 3], &[30, 99, 10]), Some(10));
+        assert_eq!(collapsed_stride(&[4, 3], &[0, 0]), Some(0));
+        assert_eq!(collapsed_stride(&[], &[]), Some(0));
+        // Broadcast over the outer axis only, or a transposed batch: no single stride.
+        assert_eq!(collapsed_stride(&[4, 3], &[0, 10]), None);
+        assert_eq!(collapsed_stride(&[4, 3], &[10, 40]), None);
+    }
 }
