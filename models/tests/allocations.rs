@@ -153,12 +153,14 @@ fn training_steps_and_forward_passes_allocate_nothing_after_warm_up() {
         .start_handler(|_| COUNTED.with(|c| c.set(true)))
         .build_global()
         .unwrap();
+    // Which worker runs each call, and which tasks it steals, varies from call to call: the
+    // first steps warm both workers' roles, so the count starts at the fifth.
     for (what, counts) in [
-        ("mlp step b=256 from outside the pool", mlp_steps(6, 256)),
-        ("cnn step b=128 from outside the pool", cnn_steps(6, 128)),
+        ("mlp step b=256 from outside the pool", mlp_steps(8, 256)),
+        ("cnn step b=128 from outside the pool", cnn_steps(8, 128)),
     ] {
         assert!(
-            counts[3..].iter().all(|&n| n == 0),
+            counts[4..].iter().all(|&n| n == 0),
             "{what}: allocations per step: {counts:?}"
         );
     }
