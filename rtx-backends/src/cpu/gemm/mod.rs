@@ -12,13 +12,21 @@
 //! whose exact-size cache hands the same buffers back every step whichever thread drives the
 //! product, and the packed-A buffers are made together, one per thread, by the first product.
 
+// Files: this one the driver (`gemm`, `Block`) and the kernel choice; `blocking.rs` how a
+// product is split into tasks; `epilogue.rs` `matmul_fused`; `scratch.rs` the packing buffers;
+// `pack.rs` packing; `kernels.rs` micro-kernels; `direct.rs` the unpacked paths; `bf16.rs`.
+
 pub(crate) mod bf16;
+mod blocking;
 mod direct;
+mod epilogue;
 mod kernels;
 mod pack;
+mod scratch;
 
-use std::cell::Cell;
-use std::thread::LocalKey;
+pub(crate) use blocking::{Blocking, blocking};
+pub use epilogue::matmul_fused;
+use scratch::{PACKED_B, with_cached_scratch, with_packed_a, with_scratch};
 
 use rayon::prelude::*;
 
@@ -47,84 +55,6 @@ const TASK_WORK: usize = 1 << 19;
 const PARALLEL_WORK: usize = 1 << 17;
 /// The largest tile of any kernel, for the edge tiles computed into a local buffer.
 const MAX_TILE: usize = 14 * 32;
-/// Values of slack in a scratch buffer for aligning its start to 64 bytes.
-const ALIGN: usize = 16;
-/// Scratch buffers larger than this are freed after use instead of kept.
-const KEEP_SCRATCH: usize = 64 << 20;
-
-thread_local! {
-    /// The small B panel of the unpacked few-row path (`direct.rs`), which runs on the
-    /// caller's thread.
-    static PACKED_B: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-}
-
-/// The largest packed A block of any kernel (`MAX_ROW_PANELS` panels of 14 rows by `KC`).
-const MAX_PACKED_A: usize = MAX_ROW_PANELS * 14 * KC;
-
-/// Idle packed-A buffers, each `MAX_PACKED_A` (plus alignment slack) long so any task can use
-/// any of them. The first product fills this with one per thread and one more at once:
-/// which tasks run at the same time, and on which thread, varies from call to call, and
-/// buffers made on demand would appear at whatever step first ran that many tasks together.
-static PACKED_A: std::sync::Mutex<Vec<Vec<f32>>> = std::sync::Mutex::new(Vec::new());
-
-/// Runs `f` on `len <= MAX_PACKED_A` values (contents unspecified) of a packed-A buffer that
-/// starts on a 64-byte boundary.
-fn with_packed_a<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    let fresh = || vec![0.0f32; MAX_PACKED_A + ALIGN];
-    let mut buffer = match PACKED_A.lock() {
-        Ok(mut idle) => {
-            if idle.capacity() == 0 {
-                let count = rayon::current_num_threads() + 1;
-                idle.reserve(4 * count);
-                idle.extend((0..count).map(|_| fresh()));
-            }
-            idle.pop().unwrap_or_else(fresh)
-        }
-        Err(_) => fresh(),
-    };
-    let skip = buffer.as_ptr().align_offset(64).min(ALIGN);
-    let result = f(&mut buffer[skip..skip + len.min(MAX_PACKED_A)]);
-    if let Ok(mut idle) = PACKED_A.lock()
-        && idle.len() < idle.capacity()
-    {
-        idle.push(buffer);
-    }
-    result
-}
-
-/// Runs `f` on `len` values of this thread's scratch buffer `cell` (contents unspecified),
-/// growing it to at least `min_len` when it must grow. The buffer is taken out of the cell
-/// while `f` runs, so a nested call on the same thread (rayon can run another task while this
-/// one waits) gets a fresh one instead of a conflict.
-fn with_scratch<R>(
-    cell: &'static LocalKey<Cell<Vec<f32>>>,
-    len: usize,
-    min_len: usize,
-    f: impl FnOnce(&mut [f32]) -> R,
-) -> R {
-    // 16 spare values, so the slice handed out can start on a 64-byte boundary: then every
-    // 16-value row of a packed panel is one cache line, and no vector load splits two.
-    let mut buffer = cell.with(Cell::take);
-    if buffer.len() < len + ALIGN {
-        buffer.resize(len.max(min_len) + ALIGN, 0.0);
-    }
-    let skip = buffer.as_ptr().align_offset(64).min(ALIGN);
-    let result = f(&mut buffer[skip..skip + len]);
-    if buffer.len() <= KEEP_SCRATCH {
-        cell.with(|c| c.set(buffer));
-    }
-    result
-}
-
-/// Runs `f` on `len` values (contents unspecified) of a buffer from `crate::pool`, starting on
-/// a 64-byte boundary, and gives the buffer back afterwards: the same sizes every step find
-/// the same buffer, on any thread.
-fn with_cached_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    let mut buffer = crate::pool::Scratch(crate::pool::take(len + ALIGN));
-    let skip = buffer.0.as_ptr().align_offset(64).min(ALIGN);
-    f(&mut buffer.0[skip..skip + len])
-}
-
 /// A matrix read through strides, so transposed or otherwise strided inputs need no copy.
 #[derive(Clone, Copy)]
 struct MatrixView<'a> {
@@ -466,220 +396,6 @@ fn gemm(
         }
     });
     out
-}
-
-/// `matmul` followed by a pointwise epilogue applied to each block of C while it is in cache:
-/// output element `e` of the product, with `extras[i]` read at the same position (layouts
-/// already broadcast to the product's shape, refused otherwise), goes through
-/// `body([e, extras..])`, whose `M >= 1` results are the `M` outputs. `N` must be
-/// `extras.len() + 1`. The compiler's fusion planner emits these for `relu(x @ w + b)` and
-/// its backward.
-pub fn matmul_fused<const N: usize, const M: usize, F>(
-    a: &[f32],
-    la: &Layout,
-    b: &[f32],
-    lb: &Layout,
-    extras: &[(&[f32], &Layout)],
-    body: F,
-) -> KResult<([Vec<f32>; M], Dims)>
-where
-    F: Fn([f32; N]) -> [f32; M] + Sync,
-{
-    const K: &str = "matmul_fused";
-    let product = Product::check(K, a.len(), la, b.len(), lb)?;
-    check::argument(K, extras.len() + 1 == N && M >= 1, || {
-        format!(
-            "an epilogue of {N} arguments and {M} results over the product and {} more values",
-            extras.len()
-        )
-    })?;
-    for &(data, l) in extras {
-        check::view(K, "extras", data.len(), l)?;
-        check::same_shape(K, "extras", l, &product.out_shape)?;
-    }
-    let Product {
-        m,
-        n,
-        ref batch_shape,
-        ..
-    } = product;
-    let batch_rank = batch_shape.len();
-    let total = numel(batch_shape) * m * n;
-    let mut outs: [Vec<f32>; M] = std::array::from_fn(|o| {
-        if o == 0 {
-            Vec::new()
-        } else {
-            crate::pool::take(total)
-        }
-    });
-    let out_ptrs: [OutPtr; M] = std::array::from_fn(|o| OutPtr(outs[o].as_mut_ptr()));
-    let epilogue = |batch: usize, row: usize, col0: usize, values: &mut [f32]| {
-        let mut bases = [0usize; N];
-        let mut col_strides = [0usize; N];
-        for (i, (_, l)) in extras.iter().enumerate().take(N.saturating_sub(1)) {
-            bases[i + 1] = l.offset
-                + position(batch, batch_shape, &l.strides[..batch_rank])
-                + row * l.strides[batch_rank]
-                + col0 * l.strides[batch_rank + 1];
-            col_strides[i + 1] = l.strides[batch_rank + 1];
-        }
-        // Pieces of at most SEGMENT values: the arguments are gathered into fixed-size arrays
-        // first, so the body runs as a loop the compiler vectorizes (lanes past the piece's
-        // end compute on zeros and are dropped).
-        for (piece, chunk) in values.chunks_mut(SEGMENT).enumerate() {
-            let start = piece * SEGMENT;
-            let flat = (batch * m + row) * n + col0 + start;
-            let at = EpilogueAt {
-                extras,
-                bases: &bases,
-                col_strides: &col_strides,
-                start,
-                flat,
-                out_ptrs: &out_ptrs,
-            };
-            // A whole piece with its width as a constant: the copies in and out become a
-            // few vector moves instead of memcpy calls.
-            if chunk.len() == SEGMENT {
-                epilogue_piece(chunk, SEGMENT, &at, &body);
-            } else {
-                let width = chunk.len();
-                epilogue_piece(chunk, width, &at, &body);
-            }
-        }
-    };
-    outs[0] = gemm(gemm_kernel(), a, la, b, lb, &product, Some(&epilogue));
-    Ok((outs, product.out_shape))
-}
-
-/// Where one piece of a matmul epilogue reads its other arguments and writes its other
-/// results.
-struct EpilogueAt<'a, const N: usize, const M: usize> {
-    extras: &'a [(&'a [f32], &'a Layout)],
-    bases: &'a [usize; N],
-    col_strides: &'a [usize; N],
-    /// The piece's first column within the row segment.
-    start: usize,
-    /// The piece's first element in C.
-    flat: usize,
-    out_ptrs: &'a [OutPtr; M],
-}
-
-/// The epilogue body over `width` values of C (`chunk`, rewritten with result 0): the
-/// arguments are gathered into fixed-size arrays first, so the body runs as a loop the
-/// compiler vectorizes (lanes past `width` compute on zeros and are dropped).
-#[inline(always)]
-fn epilogue_piece<const N: usize, const M: usize, F>(
-    chunk: &mut [f32],
-    width: usize,
-    at: &EpilogueAt<'_, N, M>,
-    body: &F,
-) where
-    F: Fn([f32; N]) -> [f32; M],
-{
-    let mut args = [[0.0f32; SEGMENT]; N];
-    args[0][..width].copy_from_slice(&chunk[..width]);
-    for (i, arg) in args.iter_mut().enumerate().skip(1) {
-        let (data, _) = at.extras[i - 1];
-        let stride = at.col_strides[i];
-        let base = at.bases[i] + at.start * stride;
-        if stride == 1 {
-            arg[..width].copy_from_slice(&data[base..base + width]);
-        } else {
-            for (j, a) in arg[..width].iter_mut().enumerate() {
-                *a = data[base + j * stride];
-            }
-        }
-    }
-    let mut results = [[0.0f32; SEGMENT]; M];
-    for j in 0..SEGMENT {
-        let r = body(std::array::from_fn(|i| args[i][j]));
-        for (o, result) in results.iter_mut().enumerate() {
-            result[j] = r[o];
-        }
-    }
-    chunk[..width].copy_from_slice(&results[0][..width]);
-    for (o, ptr) in at.out_ptrs.iter().enumerate().skip(1) {
-        // SAFETY: each element of C is visited once, by the task that owns it, and output
-        // `o` holds as many elements as C.
-        let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(at.flat), width) };
-        dst.copy_from_slice(&results[o][..width]);
-    }
-}
-
-/// Values per piece of a matmul epilogue (the widest tile).
-const SEGMENT: usize = 32;
-
-/// How a product is split into tasks: blocks of rows of C (whole `mr`-row panels, at most
-/// `MAX_ROW_PANELS` per block, dealt out evenly) and columns per task (`nc`, a multiple of
-/// `nr`).
-pub(crate) struct Blocking {
-    pub row_blocks: usize,
-    pub nc: usize,
-    pub col_blocks: usize,
-    m: usize,
-    mr: usize,
-}
-
-impl Blocking {
-    /// First row and row count of row block `block`: the `mr`-row panels are dealt out
-    /// evenly (block sizes differ by at most one panel), so no thread is left with a whole
-    /// block more than another while the last block is a sliver.
-    pub(crate) fn rows(&self, block: usize) -> (usize, usize) {
-        let panels = self.m.div_ceil(self.mr);
-        let first = block * panels / self.row_blocks;
-        let end = (block + 1) * panels / self.row_blocks;
-        let row0 = first * self.mr;
-        (row0, (end * self.mr).min(self.m) - row0)
-    }
-}
-
-/// Splits rows first, into enough blocks for every thread to get several tasks: each task
-/// packs its own A block, so splitting columns as well would pack A again per column block.
-/// Columns are split only when the rows cannot give every thread work. Blocking never
-/// changes a result (K is never split), so it may follow the thread count.
-pub(crate) fn blocking(
-    m: usize,
-    n: usize,
-    batches: usize,
-    k: usize,
-    mr: usize,
-    nr: usize,
-    parallel_work: Option<usize>,
-) -> Blocking {
-    // Up to four tasks per thread for load balance, but none smaller than `TASK_WORK`
-    // multiply-adds: below that a task's packing and hand-off cost more than its share.
-    let wanted = match parallel_work {
-        Some(work) => (work / TASK_WORK).clamp(1, 4 * rayon::current_num_threads()),
-        None => 1,
-    };
-    let per_batch = wanted.div_ceil(batches).max(1);
-    // Each row block reads all of B's columns, each column block packs all of A's rows again:
-    // split the side that costs less to re-read (a 256-row A against a 1024-column B splits
-    // columns, or every task would stream the whole of B from L3).
-    let split = |row_blocks_wanted: usize| {
-        let mc = (m.div_ceil(row_blocks_wanted).div_ceil(mr) * mr).clamp(mr, MAX_ROW_PANELS * mr);
-        let row_blocks = m.div_ceil(mc);
-        let col_blocks_wanted = per_batch.div_ceil(row_blocks).max(1);
-        let nc = (n.div_ceil(col_blocks_wanted).div_ceil(nr) * nr).max(nr);
-        let col_blocks = n.div_ceil(nc);
-        (row_blocks, nc, col_blocks, row_blocks * n + col_blocks * m)
-    };
-    let rows_first = split(per_batch);
-    let columns_first = split(1);
-    // Re-reading B only costs when it does not stay in L2 between tasks.
-    let b_spills = k.saturating_mul(n).saturating_mul(4) > B_IN_L2;
-    let (row_blocks, nc, col_blocks, _) = if b_spills && columns_first.3 < rows_first.3 {
-        columns_first
-    } else {
-        rows_first
-    };
-    Blocking {
-        row_blocks,
-        nc,
-        col_blocks,
-        m,
-        mr,
-    }
 }
 
 /// `l`'s batch axes (all but the last two) broadcast to `batch_shape`.

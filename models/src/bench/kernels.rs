@@ -1,0 +1,279 @@
+//! The benchmarks of single kernels: convolution and pooling layers, the elementwise chain
+//! beside a copy, and GEMM (square, layer shapes, bf16).
+
+use super::{Line, Plan, Timing, measure, normal_vec};
+use crate::bench_models::BenchKernels;
+use rtx_core::prelude::*;
+use std::hint::black_box;
+
+/// The CNN's layers alone at batch 32, through the kernel entry points: each convolution
+/// forward and both of its gradients, each max-pool forward and gradient (the digits CNN:
+/// conv 1->16 on 8x8 and 16->32 on 4x4, 3x3 kernels, padding 1; 2x2 pools). They run on a
+/// thread of rayon's pool, as the kernels of a compiled training step do.
+pub(super) fn cnn_layers() -> Result<()> {
+    rtx_core::parallel::run(usize::MAX, cnn_layers_in_pool)
+}
+
+fn cnn_layers_in_pool() -> Result<()> {
+    use rtx_backends::{Layout, cpu, pool::give_back};
+    let plan = Plan::new(20, 500, 1_500);
+    let mut rng = Rng::new(7);
+    let mut random = |shape: &[usize]| {
+        let n = shape.iter().product();
+        (normal_vec(&mut rng, n), Layout::contiguous(shape))
+    };
+    let report = |layer: &str, op: &str, timing: &Timing| {
+        println!(
+            "{}",
+            Line::new("cnn_layer")
+                .field("layer", layer)
+                .field("op", op)
+                .timing(timing)
+        );
+    };
+    for (layer, x_shape, w_shape) in [
+        ("conv1", [32, 1, 8, 8], [16, 1, 3, 3]),
+        ("conv2", [32, 16, 4, 4], [32, 16, 3, 3]),
+    ] {
+        let ((x, lx), (w, lw)) = (random(&x_shape), random(&w_shape));
+        let out_shape = [x_shape[0], w_shape[0], x_shape[2], x_shape[3]];
+        let (g, lg) = random(&out_shape);
+        let (s, p) = ([1, 1], [1, 1]);
+        let forward = measure(plan, || {
+            give_back(black_box(cpu::conv2d(&x, &lx, &w, &lw, s, p)?.0));
+            Ok(())
+        })?;
+        report(layer, "forward", &forward);
+        let grad_input = measure(plan, || {
+            give_back(black_box(cpu::conv2d_grad_input(
+                &g, &lg, &w, &lw, &x_shape, s, p,
+            )?));
+            Ok(())
+        })?;
+        report(layer, "grad_input", &grad_input);
+        let grad_weight = measure(plan, || {
+            give_back(black_box(cpu::conv2d_grad_weight(
+                &x, &lx, &g, &lg, &w_shape, s, p,
+            )?));
+            Ok(())
+        })?;
+        report(layer, "grad_weight", &grad_weight);
+    }
+    for (layer, x_shape) in [("pool1", [32, 16, 8, 8]), ("pool2", [32, 32, 4, 4])] {
+        let (x, lx) = random(&x_shape);
+        let (g, lg) = random(&[x_shape[0], x_shape[1], x_shape[2] / 2, x_shape[3] / 2]);
+        let k = [2, 2];
+        let forward = measure(plan, || {
+            give_back(black_box(cpu::max_pool2d(&x, &lx, k, k, [0, 0])?.0));
+            Ok(())
+        })?;
+        report(layer, "forward", &forward);
+        let grad = measure(plan, || {
+            give_back(black_box(cpu::max_pool2d_grad(
+                &x,
+                &lx,
+                &g,
+                &lg,
+                k,
+                k,
+                [0, 0],
+            )?));
+            Ok(())
+        })?;
+        report(layer, "grad_input", &grad);
+    }
+    Ok(())
+}
+
+/// Elements of the elementwise benchmarks: 16M f32, 64 MiB per buffer, far beyond the caches.
+const STREAM_LEN: usize = 16 * 1024 * 1024;
+
+/// Effective bandwidth in GB/s (1e9 bytes) of moving `bytes` in `micros`.
+fn gbps(bytes: usize, micros: f64) -> f64 {
+    bytes as f64 / (micros * 1e-6) / 1e9
+}
+
+/// The 5-op chain of `BenchKernels::chain` next to a plain copy of as many floats, measured in
+/// the same run. Both count one read and one write of 16M f32: for the chain that is the
+/// traffic a fused kernel would need, so `gbps` is effective bandwidth and `ratio_to_copy`
+/// says how far the unfused chain is from the memory bound. The copy is `copy_from_slice` on
+/// one thread (a memcpy); on this kind of machine one core comes close to the memory bus.
+pub(super) fn elementwise_chain() -> Result<()> {
+    let mut rng = Rng::new(3);
+    let source: Vec<f32> = (0..STREAM_LEN).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    let bytes = 2 * STREAM_LEN * std::mem::size_of::<f32>();
+
+    let kernels = BenchKernels::init(0);
+    let x = Tensor::from_vec(source.clone(), &[STREAM_LEN])?;
+    let chain = measure(Plan::new(2, 20, 6_000), || {
+        black_box(kernels.chain(&x)?);
+        Ok(())
+    })?;
+
+    // Preallocated and written once, so the timed copies do not pay first-touch page faults.
+    let mut destination = vec![1.0f32; STREAM_LEN];
+    let copy = measure(Plan::new(2, 30, 3_000), || {
+        destination.copy_from_slice(black_box(&source));
+        black_box(&mut destination);
+        Ok(())
+    })?;
+
+    let chain_gbps = gbps(bytes, chain.median_us());
+    let copy_gbps = gbps(bytes, copy.median_us());
+    println!(
+        "{}",
+        Line::new("elementwise_chain")
+            .field("n", STREAM_LEN)
+            .field("ops", 5)
+            .timing(&chain)
+            .field("gbps", format!("{chain_gbps:.2}"))
+            .field("ratio_to_copy", format!("{:.3}", chain_gbps / copy_gbps))
+    );
+    println!(
+        "{}",
+        Line::new("copy")
+            .field("n", STREAM_LEN)
+            .timing(&copy)
+            .field("gbps", format!("{copy_gbps:.2}"))
+    );
+    Ok(())
+}
+
+/// Square f32 GEMM through the DSL (`BenchKernels::square_matmul`, i.e. `run_op(MatMul)` on
+/// contiguous inputs, the packed kernel of rtx-backends). GFLOP/s counts 2 n^3 flops.
+pub(super) fn gemm() -> Result<()> {
+    let kernels = BenchKernels::init(0);
+    let sizes: [(usize, Plan); 4] = [
+        (256, Plan::new(10, 200, 2_000)),
+        (512, Plan::new(3, 60, 2_500)),
+        (1024, Plan::new(2, 20, 3_000)),
+        (2048, Plan::new(1, 5, 4_000)),
+    ];
+    for (n, plan) in sizes {
+        let mut rng = Rng::new(4 + n as u64);
+        let a = Tensor::from_vec(normal_vec(&mut rng, n * n), &[n, n])?;
+        let b = Tensor::from_vec(normal_vec(&mut rng, n * n), &[n, n])?;
+        let timing = measure(plan, || {
+            black_box(kernels.square_matmul(&a, &b)?);
+            Ok(())
+        })?;
+        let flops = 2.0 * (n as f64).powi(3);
+        let gflops = flops / (timing.median_us() * 1e-6) / 1e9;
+        println!(
+            "{}",
+            Line::new("gemm")
+                .field("n", n)
+                .timing(&timing)
+                .field("gflops", format!("{gflops:.1}"))
+        );
+    }
+    Ok(())
+}
+
+/// The products of the MLP and transformer layers, `[m, k] @ [k, n]`, each in the three forms
+/// a training step runs: `nn` (both row-major), `nt` (B a row-major `[n, k]` weight read
+/// transposed: the forward pass of a Linear) and `tn` (A a row-major `[k, m]` read transposed:
+/// a weight gradient `x^T dY`), through the kernel entry point on a thread of rayon's pool.
+pub(super) fn gemm_shapes() -> Result<()> {
+    rtx_core::parallel::run(usize::MAX, gemm_shapes_in_pool)
+}
+
+/// `(m, k, n)` of `gemm_shapes`.
+const GEMM_SHAPES: [(usize, usize, usize); 4] = [
+    (256, 64, 128),
+    (256, 128, 10),
+    (256, 1024, 1024),
+    (1024, 128, 512),
+];
+
+fn gemm_shapes_in_pool() -> Result<()> {
+    use rtx_backends::{Layout, cpu, pool::give_back};
+    for (m, k, n) in GEMM_SHAPES {
+        let mut rng = Rng::new((m * 31 + k * 7 + n) as u64);
+        let a = normal_vec(&mut rng, m * k);
+        let b = normal_vec(&mut rng, k * n);
+        let forms = [
+            (
+                "nn",
+                Layout::contiguous(&[m, k]),
+                Layout::contiguous(&[k, n]),
+            ),
+            (
+                "nt",
+                Layout::contiguous(&[m, k]),
+                Layout::contiguous(&[n, k]).permute(&[1, 0]),
+            ),
+            (
+                "tn",
+                Layout::contiguous(&[k, m]).permute(&[1, 0]),
+                Layout::contiguous(&[k, n]),
+            ),
+        ];
+        let flops = 2.0 * (m * k * n) as f64;
+        let plan = if flops > 1e8 {
+            Plan::new(3, 50, 2_000)
+        } else {
+            Plan::new(20, 500, 1_000)
+        };
+        for (form, la, lb) in forms {
+            let timing = measure(plan, || {
+                give_back(black_box(cpu::matmul(&a, &la, &b, &lb)?.0));
+                Ok(())
+            })?;
+            let gflops = flops / (timing.median_us() * 1e-6) / 1e9;
+            println!(
+                "{}",
+                Line::new("gemm_shape")
+                    .field("m", m)
+                    .field("k", k)
+                    .field("n", n)
+                    .field("op", form)
+                    .timing(&timing)
+                    .field("gflops", format!("{gflops:.1}"))
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Square bf16 GEMM (bf16 operands, f32 accumulation and result) through the kernel entry
+/// point `rtx_backends::cpu::matmul_bf16`: bf16 tensors do not exist in the DSL yet. The
+/// `kernel` field says which bf16 kernel this CPU runs.
+pub(super) fn gemm_bf16() -> Result<()> {
+    use half::bf16;
+    use rtx_backends::{Layout, cpu};
+    let kernel = cpu::bf16_kernels().last().copied();
+    let sizes: [(usize, Plan); 4] = [
+        (256, Plan::new(10, 200, 2_000)),
+        (512, Plan::new(3, 60, 2_500)),
+        (1024, Plan::new(2, 20, 3_000)),
+        (2048, Plan::new(1, 5, 4_000)),
+    ];
+    for (n, plan) in sizes {
+        let mut rng = Rng::new(40 + n as u64);
+        let a: Vec<bf16> = normal_vec(&mut rng, n * n)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        let b: Vec<bf16> = normal_vec(&mut rng, n * n)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        let l = Layout::contiguous(&[n, n]);
+        let timing = measure(plan, || {
+            let (out, _) = cpu::matmul_bf16(&a, &l, &b, &l)?;
+            rtx_backends::pool::give_back(black_box(out));
+            Ok(())
+        })?;
+        let gflops = 2.0 * (n as f64).powi(3) / (timing.median_us() * 1e-6) / 1e9;
+        println!(
+            "{}",
+            Line::new("gemm_bf16")
+                .field("n", n)
+                .timing(&timing)
+                .field("gflops", format!("{gflops:.1}"))
+                .field("kernel", format!("{kernel:?}"))
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,276 @@
+//! The lowerings of the library ops longer than one core op: each builds its composition
+//! through `Emit`, reading its arguments from `Args` by position.
+
+use super::{Args, Emit};
+use crate::graph::NodeId;
+use crate::infer::ShapeError;
+use crate::op::{Cmp, Op, Shape};
+
+pub(super) fn mse(e: &mut dyn Emit, args: &Args) -> Result<NodeId, ShapeError> {
+    let (a, b) = (args.tensor(0)?, args.tensor(1)?);
+    // Exactly one shape, unlike `sub`: broadcasting a [B, 1] prediction against [B] targets
+    // is the classic silent bug (PyTorch only warns).
+    let (sa, sb) = (e.shape(a).clone(), e.shape(b).clone());
+    if !e.same_shape(&sa, &sb) {
+        return Err(ShapeError::mismatch(1, sa, &sb));
+    }
+    let diff = e.op(Op::Sub, &[a, b])?;
+    let squared = e.op(Op::Mul, &[diff, diff])?;
+    mean_all(e, squared)
+}
+
+pub(super) fn cross_entropy(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let (logits, labels) = (a.tensor(0)?, a.tensor(1)?);
+    let rank = e.shape(logits).len();
+    if rank == 0 {
+        return Err(ShapeError::invalid(
+            0,
+            "cross_entropy needs logits with a class axis ([N, C]), found a scalar",
+        ));
+    }
+    // log_softmax is one row kernel forward and backward; the gradient that reaches the
+    // logits is softmax - onehot, scaled, without a rule of its own.
+    let log_probs = softmax(e, logits, rank - 1, true)?;
+    let picked = e
+        .op(Op::Pick, &[log_probs, labels])
+        .map_err(|err| err.with_help("labels hold one class index per row of the logits"))?;
+    let mean = mean_all(e, picked)?;
+    e.op(Op::Neg, &[mean])
+}
+
+/// The mean over every axis, a scalar.
+fn mean_all(e: &mut dyn Emit, x: NodeId) -> Result<NodeId, ShapeError> {
+    let rank = e.shape(x).len();
+    e.op(
+        Op::Mean {
+            axes: (0..rank).collect(),
+            keepdim: false,
+        },
+        &[x],
+    )
+}
+
+pub(super) fn silu(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let t = [a.tensor(0)?];
+    let s = e.op(Op::Sigmoid, &[t[0]])?;
+    e.op(Op::Mul, &[t[0], s])
+}
+
+pub(super) fn abs(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    magnitude(e, a.tensor(0)?)
+}
+
+fn magnitude(e: &mut dyn Emit, x: NodeId) -> Result<NodeId, ShapeError> {
+    let t = [x];
+    // maximum(x, -x): at 0 the tie splits the gradient, +1/2 - 1/2 = 0, like PyTorch.
+    let n = e.op(Op::Neg, &[t[0]])?;
+    e.op(Op::Maximum, &[t[0], n])
+}
+
+pub(super) fn clamp(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let (t, n) = ([a.tensor(0)?], [a.number(1)?, a.number(2)?]);
+    // Selects rather than maximum/minimum, so a value on a bound keeps its full gradient.
+    let (lo, hi) = (e.constant(n[0]), e.constant(n[1]));
+    let below = e.op(Op::Compare { cmp: Cmp::Lt }, &[t[0], lo])?;
+    let above = e.op(Op::Compare { cmp: Cmp::Gt }, &[t[0], hi])?;
+    let upper = e.op(Op::Select, &[above, hi, t[0]])?;
+    e.op(Op::Select, &[below, lo, upper])
+}
+
+pub(super) fn softplus(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let (t, n) = ([a.tensor(0)?], [a.number(1)?]);
+    // max(z, 0) + log(1 + exp(-|z|)) with z = beta x: never overflows, and its gradient at 0
+    // is 1/2 (the tie of max splits it), sigmoid(0) as it should be.
+    let beta = e.constant(n[0]);
+    let z = e.op(Op::Mul, &[t[0], beta])?;
+    let zero = e.constant(0.0);
+    let pos = e.op(Op::Maximum, &[z, zero])?;
+    let mag = magnitude(e, z)?;
+    let neg = e.op(Op::Neg, &[mag])?;
+    let ex = e.op(Op::Exp, &[neg])?;
+    let one = e.constant(1.0);
+    let onep = e.op(Op::Add, &[one, ex])?;
+    let lg = e.op(Op::Log, &[onep])?;
+    let sp = e.op(Op::Add, &[pos, lg])?;
+    e.op(Op::Div, &[sp, beta])
+}
+
+pub(super) fn leaky_relu(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let (t, n) = ([a.tensor(0)?], [a.number(1)?]);
+    let (zero, slope) = (e.constant(0.0), e.constant(n[0]));
+    let pos = e.op(Op::Compare { cmp: Cmp::Gt }, &[t[0], zero])?;
+    let scaled = e.op(Op::Mul, &[t[0], slope])?;
+    e.op(Op::Select, &[pos, t[0], scaled])
+}
+
+pub(super) fn min_all(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let t = [a.tensor(0)?];
+    let rank = e.shape(t[0]).len();
+    let n = e.op(Op::Neg, &[t[0]])?;
+    let m = e.op(
+        Op::Max {
+            axes: (0..rank).collect(),
+            keepdim: false,
+        },
+        &[n],
+    )?;
+    e.op(Op::Neg, &[m])
+}
+
+/// `softmax(x, axis)`, or `log_softmax(x, axis)` when `log`: the row max is subtracted first
+/// (so `exp` cannot overflow) through `StopGradient`, as the shift cancels in the result and
+/// its gradient is exactly zero. Over the last axis the planner fuses the whole composition,
+/// forward and backward, into one row kernel. The caller (the macro, which parses the axis)
+/// guarantees `axis < rank`.
+pub fn softmax(e: &mut dyn Emit, x: NodeId, axis: usize, log: bool) -> Result<NodeId, ShapeError> {
+    let keep = |op: fn(Vec<usize>, bool) -> Op| op(vec![axis], true);
+    let max = e.op(keep(|axes, keepdim| Op::Max { axes, keepdim }), &[x])?;
+    let shift = e.op(Op::StopGradient, &[max])?;
+    let shifted = e.op(Op::Sub, &[x, shift])?;
+    let exps = e.op(Op::Exp, &[shifted])?;
+    let total = e.op(keep(|axes, keepdim| Op::Sum { axes, keepdim }), &[exps])?;
+    if log {
+        let log_total = e.op(Op::Log, &[total])?;
+        e.op(Op::Sub, &[shifted, log_total])
+    } else {
+        e.op(Op::Div, &[exps, total])
+    }
+}
+
+pub(super) fn layer_norm(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let (x, w, b) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
+    let n = [a.number(3)?];
+    let rank = e.shape(x).len();
+    if rank == 0 {
+        return Err(ShapeError::invalid(
+            0,
+            "layer_norm normalizes over the last axis; a scalar has none",
+        ));
+    }
+    // Weight and bias hold one value per feature: exactly [D], not anything that broadcasts.
+    let features: Shape = vec![e.shape(x)[rank - 1].clone()];
+    for (arg, v) in [(1, w), (2, b)] {
+        if e.shape(v) != &features {
+            return Err(ShapeError::mismatch(arg, features, e.shape(v)).with_help(
+                "layer_norm's weight and bias have one value per feature of the last axis",
+            ));
+        }
+    }
+    let last = Op::Mean {
+        axes: vec![rank - 1],
+        keepdim: true,
+    };
+    let mean = e.op(last.clone(), &[x])?;
+    let centered = e.op(Op::Sub, &[x, mean])?;
+    let squared = e.op(Op::Mul, &[centered, centered])?;
+    let var = e.op(last, &[squared])?;
+    let eps = e.constant(n[0]);
+    let shifted = e.op(Op::Add, &[var, eps])?;
+    let std = e.op(Op::Sqrt, &[shifted])?;
+    let normed = e.op(Op::Div, &[centered, std])?;
+    let scaled = e.op(Op::Mul, &[normed, w])?;
+    e.op(Op::Add, &[scaled, b])
+}
+
+pub(super) fn dropout(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let x = a.tensor(0)?;
+    // A mask per call: random ops are never merged, so two dropouts draw two masks.
+    let mask = e
+        .op(Op::DropoutMask { p: a.number(1)? }, &[x])
+        .inspect_err(|_| e.blame(1))?;
+    e.op(Op::Mul, &[x, mask])
+}
+
+pub(super) fn reduce(
+    e: &mut dyn Emit,
+    a: &Args,
+    op: fn(Vec<usize>, bool) -> Op,
+) -> Result<NodeId, ShapeError> {
+    let x = a.tensor(0)?;
+    let mut axes = match a.axes(1)? {
+        Some(axes) => axes.to_vec(),
+        None => (0..e.shape(x).len()).collect(),
+    };
+    axes.sort_unstable();
+    axes.dedup();
+    e.op(op(axes, a.flag(2)?), &[x])
+}
+
+pub(super) fn pool(e: &mut dyn Emit, a: &Args, max: bool) -> Result<NodeId, ShapeError> {
+    let x = a.tensor(0)?;
+    let k = a.size(1)?.unwrap_or(1);
+    let (kernel, stride, padding) = (
+        [k; 2],
+        [a.size(2)?.unwrap_or(k); 2],
+        [a.size(3)?.unwrap_or(0); 2],
+    );
+    let op = if max {
+        Op::MaxPool2d {
+            kernel,
+            stride,
+            padding,
+        }
+    } else {
+        Op::AvgPool2d {
+            kernel,
+            stride,
+            padding,
+        }
+    };
+    e.op(op, &[x])
+}
+
+pub(super) fn reshape(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let shape = a.dims(1)?.clone();
+    // A count mismatch is about the target dims the user wrote.
+    e.op(Op::Reshape { shape }, &[a.tensor(0)?])
+        .inspect_err(|_| e.blame(1))
+}
+
+pub(super) fn flatten(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let x = a.tensor(0)?;
+    let xs = e.shape(x).clone();
+    let start = match a.axes(1)? {
+        Some([start]) => *start,
+        _ => 1.min(xs.len()),
+    };
+    let mut shape: Shape = xs[..start].to_vec();
+    shape.push(
+        xs[start..]
+            .iter()
+            .fold(crate::Dim::known(1), |acc, d| acc.mul(d)),
+    );
+    e.op(Op::Reshape { shape }, &[x])
+}
+
+pub(super) fn transpose(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let x = a.tensor(0)?;
+    let mut perm: Vec<usize> = (0..e.shape(x).len()).collect();
+    perm.swap(a.axis(1)?, a.axis(2)?);
+    e.op(Op::Permute { perm }, &[x])
+}
+
+pub(super) fn permute(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let perm = a.axes(1)?.unwrap_or_default().to_vec();
+    e.op(Op::Permute { perm }, &[a.tensor(0)?])
+        .inspect_err(|_| e.blame(1))
+}
+
+pub(super) fn narrow(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let (start, len) = (a.size(2)?.unwrap_or(0), a.size(3)?.unwrap_or(0));
+    if len == 0 {
+        e.blame(3);
+        return Err(ShapeError::invalid(
+            3,
+            "`narrow` needs a length of at least 1",
+        ));
+    }
+    e.op(
+        Op::Narrow {
+            axis: a.axis(1)?,
+            start,
+            len,
+        },
+        &[a.tensor(0)?],
+    )
+}
