@@ -111,22 +111,16 @@ fn is_2x2(window: &Window2d, layouts: &[&Layout]) -> bool {
         && layouts.iter().all(|l| l.strides[3] == 1 || l.shape[3] <= 1)
 }
 
-/// The max of four taps with NaN winning, and which tap is the first maximum (row-major).
+/// The max of four taps, NaN when one is NaN (like PyTorch).
 #[inline(always)]
-fn max4(taps: [f32; 4]) -> (f32, [bool; 4]) {
+fn max4(taps: [f32; 4]) -> f32 {
     let [a, b, c, d] = taps;
     let nan = a.is_nan() | b.is_nan() | c.is_nan() | d.is_nan();
-    let m = if nan {
+    if nan {
         f32::NAN
     } else {
         a.max(b).max(c.max(d))
-    };
-    let eq = |v: f32| (v == m) | (v.is_nan() & nan);
-    let (ha, hb, hc) = (eq(a), eq(b), eq(c));
-    let hb = hb & !ha;
-    let hc = hc & !(ha | hb);
-    let hd = !(ha | hb | hc);
-    (m, [ha, hb, hc, hd])
+    }
 }
 
 /// The max-pool gradient over whole row pairs of width `in_w` (see [`max_2x2_grad_rows`]).
@@ -202,7 +196,7 @@ fn pool_row_pairs(x: &[f32], in_w: usize, out: &mut [f32]) {
             .zip(top.chunks_exact(2))
             .zip(bottom.chunks_exact(2))
         {
-            *o = max4([t[0], t[1], b[0], b[1]]).0;
+            *o = max4([t[0], t[1], b[0], b[1]]);
         }
     }
 }
@@ -216,7 +210,7 @@ fn max_2x2_plane(x: Plane, out_w: usize, dst: &mut [f32]) {
             .zip(r0.chunks_exact(2))
             .zip(r1.chunks_exact(2))
         {
-            *o = max4([p[0], p[1], q[0], q[1]]).0;
+            *o = max4([p[0], p[1], q[0], q[1]]);
         }
     }
 }
