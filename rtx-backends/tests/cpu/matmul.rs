@@ -201,6 +201,15 @@ fn few_rows_agree_with_the_packed_path() {
 }
 
 #[test]
+#[cfg(target_arch = "aarch64")]
+fn every_aarch64_cpu_runs_the_neon_kernel() {
+    assert_eq!(
+        gemm_kernels().last(),
+        Some(&rtx_backends::cpu::GemmKernel::Neon)
+    );
+}
+
+#[test]
 fn every_micro_kernel_this_cpu_runs_matches_the_naive_product() {
     // Odd sizes around every tile edge, a K beyond one slice, and a transposed B.
     let mut rng = Rng::new(24);

@@ -133,3 +133,55 @@ pub(super) unsafe fn avx512_14x32(
         }
     }
 }
+
+/// 8 x 12 with NEON (every aarch64 CPU, Apple silicon included): twenty-four `q`
+/// accumulators, two A vectors whose lanes are the eight rows (`fmla` by lane, so A needs no
+/// broadcast) and three B vectors: 29 of the 32 registers, as in OpenBLAS's 8x12 kernel.
+#[cfg(target_arch = "aarch64")]
+pub(super) unsafe fn neon_8x12(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    use std::arch::aarch64::*;
+    const MR: usize = 8;
+    const NR: usize = 12;
+    // SAFETY (whole body): the caller guarantees `kc * 12` values of B, `kc * 8` of A and an
+    // 8 x 12 tile at `c` with row stride `ldc`; NEON is part of the aarch64 baseline.
+    unsafe {
+        let mut acc = [[vdupq_n_f32(0.0); 3]; MR];
+        for p in 0..kc {
+            let a_lo = vld1q_f32(a.add(p * MR));
+            let a_hi = vld1q_f32(a.add(p * MR + 4));
+            let bs = [
+                vld1q_f32(b.add(p * NR)),
+                vld1q_f32(b.add(p * NR + 4)),
+                vld1q_f32(b.add(p * NR + 8)),
+            ];
+            for (j, &b_vec) in bs.iter().enumerate() {
+                acc[0][j] = vfmaq_laneq_f32::<0>(acc[0][j], b_vec, a_lo);
+                acc[1][j] = vfmaq_laneq_f32::<1>(acc[1][j], b_vec, a_lo);
+                acc[2][j] = vfmaq_laneq_f32::<2>(acc[2][j], b_vec, a_lo);
+                acc[3][j] = vfmaq_laneq_f32::<3>(acc[3][j], b_vec, a_lo);
+                acc[4][j] = vfmaq_laneq_f32::<0>(acc[4][j], b_vec, a_hi);
+                acc[5][j] = vfmaq_laneq_f32::<1>(acc[5][j], b_vec, a_hi);
+                acc[6][j] = vfmaq_laneq_f32::<2>(acc[6][j], b_vec, a_hi);
+                acc[7][j] = vfmaq_laneq_f32::<3>(acc[7][j], b_vec, a_hi);
+            }
+        }
+        for (r, acc_row) in acc.iter().enumerate() {
+            for (quarter, &v) in acc_row.iter().enumerate() {
+                let dst = c.add(r * ldc + quarter * 4);
+                let v = if accumulate {
+                    vaddq_f32(vld1q_f32(dst), v)
+                } else {
+                    v
+                };
+                vst1q_f32(dst, v);
+            }
+        }
+    }
+}

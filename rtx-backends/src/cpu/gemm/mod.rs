@@ -1,6 +1,6 @@
 //! Batched matrix multiply, BLIS-style: B packed once into column panels, A packed per task
 //! into row panels sized for L2, and a register-tiled micro-kernel per instruction set
-//! (AVX-512, AVX2+FMA, portable) chosen once at run time.
+//! (AVX-512, AVX2+FMA, NEON, portable) chosen once at run time.
 //!
 //! Loop order per task (a block of rows and columns of C): K slices of `KC` outermost, then
 //! the B micro-panels of the block (each `KC x NR`, kept in L1), then the A micro-panels
@@ -79,6 +79,8 @@ pub enum GemmKernel {
     Avx2Fma,
     /// 14 x 32 tiles with AVX-512F (x86-64 with AVX-512 Foundation).
     Avx512,
+    /// 8 x 12 tiles with NEON (every aarch64 CPU).
+    Neon,
 }
 
 impl GemmKernel {
@@ -89,6 +91,8 @@ impl GemmKernel {
             GemmKernel::Avx2Fma => (6, 16, kernels::avx2_6x16),
             #[cfg(target_arch = "x86_64")]
             GemmKernel::Avx512 => (14, 32, kernels::avx512_14x32),
+            #[cfg(target_arch = "aarch64")]
+            GemmKernel::Neon => (8, 12, kernels::neon_8x12),
             _ => (4, 8, kernels::portable::<4, 8>),
         }
     }
@@ -102,6 +106,8 @@ fn supported(kernel: GemmKernel) -> bool {
         GemmKernel::Avx2Fma => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
         #[cfg(target_arch = "x86_64")]
         GemmKernel::Avx512 => is_x86_feature_detected!("avx512f"),
+        // NEON is part of the aarch64 baseline.
+        GemmKernel::Neon => cfg!(target_arch = "aarch64"),
         #[cfg(not(target_arch = "x86_64"))]
         _ => false,
     }
@@ -113,6 +119,7 @@ pub fn gemm_kernels() -> Vec<GemmKernel> {
         GemmKernel::Portable,
         GemmKernel::Avx2Fma,
         GemmKernel::Avx512,
+        GemmKernel::Neon,
     ]
     .into_iter()
     .filter(|&k| supported(k))
@@ -120,7 +127,7 @@ pub fn gemm_kernels() -> Vec<GemmKernel> {
 }
 
 /// The kernel `matmul` uses: the best this CPU runs, or the one the environment variable
-/// `RTX_GEMM` names (`portable`, `avx2`, `avx512`) when this CPU runs it.
+/// `RTX_GEMM` names (`portable`, `avx2`, `avx512`, `neon`) when this CPU runs it.
 pub fn gemm_kernel() -> GemmKernel {
     static KERNEL: std::sync::OnceLock<GemmKernel> = std::sync::OnceLock::new();
     *KERNEL.get_or_init(|| {
@@ -128,6 +135,7 @@ pub fn gemm_kernel() -> GemmKernel {
             Ok("portable") => Some(GemmKernel::Portable),
             Ok("avx2") => Some(GemmKernel::Avx2Fma),
             Ok("avx512") => Some(GemmKernel::Avx512),
+            Ok("neon") => Some(GemmKernel::Neon),
             _ => None,
         };
         forced

@@ -68,11 +68,12 @@ pub(super) fn pack_a(
         if height < mr {
             panel_dst.fill(0.0);
         }
-        if a.col_stride == 1 && height == mr && matches!(mr, 14 | 6 | 4) {
+        if a.col_stride == 1 && height == mr && matches!(mr, 14 | 8 | 6 | 4) {
             // A full panel of a kernel's height: the row count is a constant, so the loop over
             // rows unrolls and each row's bounds are checked once, not per value.
             match mr {
                 14 => pack_rows::<14>(a, first, k0, kc, panel_dst),
+                8 => pack_rows::<8>(a, first, k0, kc, panel_dst),
                 6 => pack_rows::<6>(a, first, k0, kc, panel_dst),
                 _ => pack_rows::<4>(a, first, k0, kc, panel_dst),
             }
@@ -106,6 +107,7 @@ pub(super) fn pack_a(
             // per k rather than a memcpy call for 14 values.
             match (height == mr, mr) {
                 (true, 14) => pack_columns::<14>(a, first, k0, kc, panel_dst),
+                (true, 8) => pack_columns::<8>(a, first, k0, kc, panel_dst),
                 (true, 6) => pack_columns::<6>(a, first, k0, kc, panel_dst),
                 (true, 4) => pack_columns::<4>(a, first, k0, kc, panel_dst),
                 _ => {
