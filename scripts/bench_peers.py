@@ -250,7 +250,8 @@ class TorchPeer:
         return self.train_step("cnn_step", cnn, (32, 1, 8, 8))
 
     def cnn_layer(self):
-        # The CNN's layers alone at batch 32, as `models bench --filter cnn_layer` runs them:
+        # The CNN's layers alone at batch 32 (and a wider ResNet-style layer at batch 8), as
+        # `models bench --filter cnn_layer` runs them:
         # each convolution's forward and both gradients (ATen's convolution_backward, one
         # output at a time), each 2x2 max pool forward and its gradient (from the indices the
         # forward saved, as autograd does).
@@ -265,6 +266,7 @@ class TorchPeer:
             for layer, x_shape, w_shape in (
                 ("conv1", (32, 1, 8, 8), (16, 1, 3, 3)),
                 ("conv2", (32, 16, 4, 4), (32, 16, 3, 3)),
+                ("wide", (8, 64, 32, 32), (64, 64, 3, 3)),
             ):
                 x, w = torch.randn(*x_shape), torch.randn(*w_shape)
                 g = torch.randn(x_shape[0], w_shape[0], x_shape[2], x_shape[3])

@@ -8,8 +8,9 @@ use std::hint::black_box;
 
 /// The CNN's layers alone at batch 32, through the kernel entry points: each convolution
 /// forward and both of its gradients, each max-pool forward and gradient (the digits CNN:
-/// conv 1->16 on 8x8 and 16->32 on 4x4, 3x3 kernels, padding 1; 2x2 pools). They run on a
-/// thread of rayon's pool, as the kernels of a compiled training step do.
+/// conv 1->16 on 8x8 and 16->32 on 4x4, 3x3 kernels, padding 1; 2x2 pools), and a wider
+/// ResNet-style 3x3 convolution (64->64 on 32x32, batch 8). They run on a thread of rayon's
+/// pool, as the kernels of a compiled training step do.
 pub(super) fn cnn_layers() -> Result<()> {
     rtx_core::parallel::run(usize::MAX, cnn_layers_in_pool)
 }
@@ -34,6 +35,8 @@ fn cnn_layers_in_pool() -> Result<()> {
     for (layer, x_shape, w_shape) in [
         ("conv1", [32, 1, 8, 8], [16, 1, 3, 3]),
         ("conv2", [32, 16, 4, 4], [32, 16, 3, 3]),
+        // A ResNet-style 3x3 layer, where the column matrix (576 x 8192) is 18 MiB.
+        ("wide", [8, 64, 32, 32], [64, 64, 3, 3]),
     ] {
         let ((x, lx), (w, lw)) = (random(&x_shape), random(&w_shape));
         let out_shape = [x_shape[0], w_shape[0], x_shape[2], x_shape[3]];

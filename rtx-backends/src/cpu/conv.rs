@@ -1,16 +1,27 @@
-//! 2-D convolution as im2col + the blocked matmul, with both gradients.
+//! 2-D convolution as implicit GEMM, with both gradients.
 //!
-//! The column matrix is `[C*KH*KW, N*OH*OW]`: one row per (channel, kernel tap), one column per
-//! output pixel of every image. Folding the batch into the columns turns the forward pass and
-//! both gradients into a single large matmul each, which keeps all cores busy on small images.
+//! Every pass is one matmul against the convolution's column matrix `[C*KH*KW, N*OH*OW]`
+//! (one row per channel and kernel tap, one column per output pixel of every image; folding
+//! the batch into the pixels keeps all cores busy on small images). Above `EXPLICIT_MAX`
+//! values (4 MiB) that matrix is never stored: it is a GEMM operand built block by block from
+//! the image as the GEMM packs it (`columns.rs`, `gemm/implicit.rs`), so a pass needs no
+//! workspace beyond the GEMM's L2-sized panels. Below, it is built whole (`im2col.rs`), whose
+//! fixed-width copies are faster on small images. `ConvAlgorithm` forces either.
+//!
+//! - forward: `out [O, N*OH*OW] = W @ cols`, written into `[N, O, OH, OW]` block by block;
+//! - weight gradient: `dW^T [C*KH*KW, O] = cols @ g^T`;
+//! - input gradient, stride 1: a convolution of the output gradient by the flipped kernel,
+//!   `dx [C, N*H*W] = W' @ cols(g)` with the window padded by `K - 1 - padding`; other
+//!   strides (and the explicit path) compute the column gradient `W^T @ g` a few images at a
+//!   time (`FOLD_CHUNK`) and fold it back (`col2im`), so that workspace stays bounded too.
 
-use rayon::prelude::*;
-
-use crate::layout::Layout;
+use crate::layout::{Dims, Layout};
 
 use super::check::{self, KResult};
-use super::gemm::matmul_2d;
-use super::strided::{PARALLEL_THRESHOLD, contiguous};
+use super::columns::{Columns, PixelColumns, TapRows};
+use super::gemm::{matmul_2d, matmul_implicit, matmul_implicit_b};
+use super::im2col::{col2im, im2col};
+use super::strided::contiguous;
 use super::window::Window2d;
 use crate::pool::Scratch;
 
@@ -58,7 +69,8 @@ fn conv_window(
     Ok(window)
 }
 
-/// x [N, C, H, W], w [O, C, KH, KW] -> [N, O, OH, OW], OH = (H + 2*pad - KH)/stride + 1 (PyTorch, no bias, no dilation/groups). Returns (out, out_shape).
+/// x [N, C, H, W], w [O, C, KH, KW] -> [N, O, OH, OW], OH = (H + 2*pad - KH)/stride + 1
+/// (PyTorch; no bias, dilation or groups). Returns (out, out_shape).
 pub fn conv2d(
     x: &[f32],
     lx: &Layout,
@@ -66,38 +78,154 @@ pub fn conv2d(
     lw: &Layout,
     stride: [usize; 2],
     padding: [usize; 2],
-) -> KResult<(Vec<f32>, crate::layout::Dims)> {
+) -> KResult<(Vec<f32>, Dims)> {
+    conv2d_with(ConvAlgorithm::Auto, x, lx, w, lw, stride, padding)
+}
+
+/// `conv2d` with a given algorithm (tests run each).
+pub fn conv2d_with(
+    algorithm: ConvAlgorithm,
+    x: &[f32],
+    lx: &Layout,
+    w: &[f32],
+    lw: &Layout,
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> KResult<(Vec<f32>, Dims)> {
     const K: &str = "conv2d";
     check::view(K, "x", x.len(), lx)?;
     check::view(K, "w", w.len(), lw)?;
     let window = conv_window(K, &lx.shape, &lw.shape, stride, padding)?;
     let out_channels = lw.shape[0];
-    let out_shape = window.out_shape(out_channels);
-    let (rows, pixels) = (
-        window.channels * window.taps(),
-        window.batch * window.out_plane(),
-    );
-    let cols = Scratch(im2col(x, lx, &window));
+    let columns = Columns::new(x, lx, window);
+    let (taps, pixels) = (columns.rows(), columns.pixels());
     let w_flat = Scratch(contiguous(w, lw));
-    let out_by_channel = matmul_2d(
+    if algorithm.explicit(&window) {
+        let cols = Scratch(im2col(x, lx, &window));
+        let by_channel = Scratch(matmul_2d(
+            &w_flat,
+            &Layout::contiguous(&[out_channels, taps]),
+            &cols,
+            &Layout::contiguous(&[taps, pixels]),
+        ));
+        // The product is [O, N, OH*OW]; the result wants the batch axis first.
+        let plane = window.out_plane();
+        let as_batch_first = Layout {
+            shape: smallvec::smallvec![window.batch, out_channels, plane],
+            strides: smallvec::smallvec![plane, window.batch * plane, 1],
+            offset: 0,
+        };
+        return Ok((
+            contiguous(&by_channel, &as_batch_first),
+            window.out_shape(out_channels),
+        ));
+    }
+    let mut out = crate::pool::take(window.batch * out_channels * window.out_plane());
+    let to = ChannelsFirst::new(&mut out, out_channels, window.out_plane());
+    matmul_implicit_b(
         &w_flat,
-        &Layout::contiguous(&[out_channels, rows]),
-        &cols,
-        &Layout::contiguous(&[rows, pixels]),
+        &Layout::contiguous(&[out_channels, taps]),
+        &PixelColumns(columns),
+        taps,
+        pixels,
+        &|col0, block| to.write(col0, block),
     );
-    // The product is [O, N, OH*OW]; the result wants the batch axis first.
-    let plane = window.out_plane();
-    let as_batch_first = Layout {
-        shape: smallvec::smallvec![window.batch, out_channels, plane],
-        strides: smallvec::smallvec![plane, window.batch * plane, 1],
-        offset: 0,
-    };
-    let out_by_channel = Scratch(out_by_channel);
-    Ok((contiguous(&out_by_channel, &as_batch_first), out_shape))
+    Ok((out, window.out_shape(out_channels)))
 }
 
-/// gradient w.r.t. x given upstream g [N,O,OH,OW]; x_shape given
+/// `[N, C, P]` output written from blocks of `[C, N*P]` columns (as the implicit GEMM
+/// hands them out, from any thread).
+struct ChannelsFirst {
+    out: *mut f32,
+    channels: usize,
+    plane: usize,
+}
+
+// SAFETY: the GEMM's blocks cover disjoint columns, so concurrent `write`s touch disjoint
+// elements of `out`, which outlives the product.
+unsafe impl Sync for ChannelsFirst {}
+
+impl ChannelsFirst {
+    /// `out` holds `N * channels * plane` values.
+    fn new(out: &mut [f32], channels: usize, plane: usize) -> Self {
+        ChannelsFirst {
+            out: out.as_mut_ptr(),
+            channels,
+            plane,
+        }
+    }
+
+    /// Columns `col0..col0 + block.len() / channels` of `[C, N*P]` (row-major in `block`).
+    fn write(&self, col0: usize, block: &[f32]) {
+        let (channels, plane) = (self.channels, self.plane);
+        let cols = block.len() / channels.max(1);
+        let mut q = col0;
+        while q < col0 + cols {
+            let (image, p0) = (q / plane, q % plane);
+            let run = (plane - p0).min(col0 + cols - q);
+            for c in 0..channels {
+                let src = &block[c * cols + (q - col0)..][..run];
+                // SAFETY: (image, c, p0..p0 + run) lies inside `out` and in this block's
+                // columns, which no other block writes.
+                unsafe {
+                    let dst = self.out.add((image * channels + c) * plane + p0);
+                    std::ptr::copy_nonoverlapping(src.as_ptr(), dst, run);
+                }
+            }
+            q += run;
+        }
+    }
+}
+
+/// Column matrices of up to this many values (4 MiB) are built whole, by `im2col`: on small
+/// images (runs along output rows of a few pixels) its fixed-width copies beat building the
+/// GEMM's panels from the image, and the buffer is small. Larger ones are implicit.
+const EXPLICIT_MAX: usize = 1 << 20;
+
+/// How a convolution reads its column matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvAlgorithm {
+    /// Explicit up to `EXPLICIT_MAX` values (4 MiB), implicit above: what `conv2d` and its
+    /// gradients use.
+    Auto,
+    /// The column matrix built whole (`im2col`), then one GEMM.
+    Explicit,
+    /// The column matrix built block by block inside the GEMM's packing (implicit GEMM).
+    Implicit,
+}
+
+impl ConvAlgorithm {
+    /// Whether `window`'s column matrix is built whole. `conv_window` checked that its
+    /// element count does not overflow.
+    fn explicit(self, window: &Window2d) -> bool {
+        match self {
+            ConvAlgorithm::Auto => {
+                window.channels * window.taps() * window.batch * window.out_plane() <= EXPLICIT_MAX
+            }
+            ConvAlgorithm::Explicit => true,
+            ConvAlgorithm::Implicit => false,
+        }
+    }
+}
+
+/// The gradient of `conv2d` with respect to x, given the output gradient g [N, O, OH, OW]
+/// and x's shape.
 pub fn conv2d_grad_input(
+    g: &[f32],
+    lg: &Layout,
+    w: &[f32],
+    lw: &Layout,
+    x_shape: &[usize],
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> KResult<Vec<f32>> {
+    conv2d_grad_input_with(ConvAlgorithm::Auto, g, lg, w, lw, x_shape, stride, padding)
+}
+
+/// `conv2d_grad_input` with a given algorithm (tests run each).
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_grad_input_with(
+    algorithm: ConvAlgorithm,
     g: &[f32],
     lg: &Layout,
     w: &[f32],
@@ -112,24 +240,147 @@ pub fn conv2d_grad_input(
     let window = conv_window(K, x_shape, &lw.shape, stride, padding)?;
     let out_channels = lw.shape[0];
     check::same_shape(K, "g", lg, &window.out_shape(out_channels))?;
-    let (rows, pixels) = (
-        window.channels * window.taps(),
-        window.batch * window.out_plane(),
-    );
-    let w_flat = Scratch(contiguous(w, lw));
-    let w_transposed = Layout::contiguous(&[out_channels, rows]).permute(&[1, 0]);
-    let g_by_channel = Scratch(contiguous(g, &lg.permute(&[1, 0, 2, 3])));
-    let cols_grad = matmul_2d(
-        &w_flat,
-        &w_transposed,
-        &g_by_channel,
-        &Layout::contiguous(&[out_channels, pixels]),
-    );
-    Ok(col2im(&Scratch(cols_grad), &window))
+    let [kh, kw] = window.kernel;
+    if !algorithm.explicit(&window) && stride == [1, 1] && padding[0] < kh && padding[1] < kw {
+        return Ok(grad_input_as_convolution(g, lg, w, lw, &window));
+    }
+    Ok(grad_input_by_folding(g, lg, w, lw, &window))
 }
 
-/// gradient w.r.t. w
+/// The stride-1 input gradient as a convolution of g by the flipped kernel:
+/// `dx[n, c, i, j] = sum over (o, a, b) of g[n, o, i + a - p', j + b - q'] * W[o, c, KH-1-a,
+/// KW-1-b]` with `p' = KH - 1 - padding` (a window over g whose output is x's size).
+fn grad_input_as_convolution(
+    g: &[f32],
+    lg: &Layout,
+    w: &[f32],
+    lw: &Layout,
+    window: &Window2d,
+) -> Vec<f32> {
+    let out_channels = lw.shape[0];
+    let [kh, kw] = window.kernel;
+    let over_g = Window2d {
+        batch: window.batch,
+        channels: out_channels,
+        in_size: window.out_size,
+        kernel: window.kernel,
+        stride: [1, 1],
+        padding: [kh - 1 - window.padding[0], kw - 1 - window.padding[1]],
+        out_size: window.in_size,
+    };
+    let columns = Columns::new(g, lg, over_g);
+    let (taps, pixels) = (columns.rows(), columns.pixels());
+    // W' [C, O*KH*KW]: row c holds W[o, c, KH-1-a, KW-1-b] at column (o, a, b).
+    let channels = window.channels;
+    let mut flipped = crate::pool::take(channels * taps);
+    let [s_o, s_c, s_h, s_w] = [lw.strides[0], lw.strides[1], lw.strides[2], lw.strides[3]];
+    for (c, dst) in flipped.chunks_exact_mut(taps.max(1)).enumerate() {
+        for (column, d) in dst.iter_mut().enumerate() {
+            let (o, tap) = (column / (kh * kw), column % (kh * kw));
+            let (a, b) = (kh - 1 - tap / kw, kw - 1 - tap % kw);
+            *d = w[lw.offset + o * s_o + c * s_c + a * s_h + b * s_w];
+        }
+    }
+    let flipped = Scratch(flipped);
+    let mut dx = crate::pool::take(window.batch * channels * window.in_plane());
+    let to = ChannelsFirst::new(&mut dx, channels, window.in_plane());
+    matmul_implicit_b(
+        &flipped,
+        &Layout::contiguous(&[channels, taps]),
+        &PixelColumns(columns),
+        taps,
+        pixels,
+        &|col0, block| to.write(col0, block),
+    );
+    dx
+}
+
+/// Values of column gradient `grad_input_by_folding` computes at a time (16 MiB).
+const FOLD_CHUNK: usize = 1 << 22;
+
+/// The input gradient of a strided convolution: the column gradient `W^T @ g` of a few
+/// images at a time (at most `FOLD_CHUNK` values, at least one image), folded back onto x.
+fn grad_input_by_folding(
+    g: &[f32],
+    lg: &Layout,
+    w: &[f32],
+    lw: &Layout,
+    window: &Window2d,
+) -> Vec<f32> {
+    let out_channels = lw.shape[0];
+    let taps = window.channels * window.taps();
+    let plane = window.out_plane();
+    let mut dx = crate::pool::take_zeroed(window.batch * window.channels * window.in_plane());
+    if dx.is_empty() || plane == 0 || out_channels == 0 {
+        return dx;
+    }
+    let w_flat = Scratch(contiguous(w, lw));
+    let w_transposed = Layout::contiguous(&[out_channels, taps]).permute(&[1, 0]);
+    let images_per_chunk = (FOLD_CHUNK / (taps * plane).max(1)).clamp(1, window.batch);
+    let image_len = window.channels * window.in_plane();
+    for (chunk, dx_chunk) in dx.chunks_mut(images_per_chunk * image_len).enumerate() {
+        let first = chunk * images_per_chunk;
+        let images = dx_chunk.len() / image_len;
+        // g's images of this chunk as [O, images * OH*OW].
+        let g_chunk = Layout {
+            shape: smallvec::smallvec![out_channels, images, plane],
+            strides: smallvec::smallvec![lg.strides[1], lg.strides[0], lg.strides[3]],
+            offset: lg.offset + first * lg.strides[0],
+        };
+        let g_chunk = if lg.strides[2] == window.out_size[1] * lg.strides[3] {
+            Scratch(contiguous(g, &g_chunk))
+        } else {
+            // Rows of g that do not follow each other at one stride: gather them in [O, N, OH,
+            // OW] order first.
+            let full = Layout {
+                shape: smallvec::smallvec![
+                    out_channels,
+                    images,
+                    window.out_size[0],
+                    window.out_size[1]
+                ],
+                strides: smallvec::smallvec![
+                    lg.strides[1],
+                    lg.strides[0],
+                    lg.strides[2],
+                    lg.strides[3]
+                ],
+                offset: lg.offset + first * lg.strides[0],
+            };
+            Scratch(contiguous(g, &full))
+        };
+        let cols_grad = Scratch(matmul_2d(
+            &w_flat,
+            &w_transposed,
+            &g_chunk,
+            &Layout::contiguous(&[out_channels, images * plane]),
+        ));
+        let sub_window = Window2d {
+            batch: images,
+            ..*window
+        };
+        col2im(&cols_grad, &sub_window, dx_chunk);
+    }
+    dx
+}
+
+/// The gradient of `conv2d` with respect to w, given x and the output gradient g.
 pub fn conv2d_grad_weight(
+    x: &[f32],
+    lx: &Layout,
+    g: &[f32],
+    lg: &Layout,
+    w_shape: &[usize],
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> KResult<Vec<f32>> {
+    conv2d_grad_weight_with(ConvAlgorithm::Auto, x, lx, g, lg, w_shape, stride, padding)
+}
+
+/// `conv2d_grad_weight` with a given algorithm (tests run each).
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_grad_weight_with(
+    algorithm: ConvAlgorithm,
     x: &[f32],
     lx: &Layout,
     g: &[f32],
@@ -144,290 +395,26 @@ pub fn conv2d_grad_weight(
     let window = conv_window(K, &lx.shape, w_shape, stride, padding)?;
     let out_channels = w_shape[0];
     check::same_shape(K, "g", lg, &window.out_shape(out_channels))?;
-    let (rows, pixels) = (
-        window.channels * window.taps(),
-        window.batch * window.out_plane(),
-    );
-    let cols = Scratch(im2col(x, lx, &window));
+    let columns = Columns::new(x, lx, window);
+    let (taps, pixels) = (columns.rows(), columns.pixels());
+    // g as [O, N*OH*OW] (whole planes copied), read transposed as B of cols @ g^T.
     let g_by_channel = Scratch(contiguous(g, &lg.permute(&[1, 0, 2, 3])));
-    let g_transposed = Layout::contiguous(&[out_channels, pixels]).permute(&[1, 0]);
-    // Computed as cols @ g^T = dW^T: the long pixel axis is K either way, and this puts the
-    // larger C*KH*KW side on M, where the matmul splits work across threads.
-    let dw_transposed = matmul_2d(
-        &cols,
-        &Layout::contiguous(&[rows, pixels]),
-        &g_by_channel,
-        &g_transposed,
-    );
+    let g_layout = Layout::contiguous(&[out_channels, pixels]).permute(&[1, 0]);
+    // dW^T = cols @ g^T: the long pixel axis is K either way, and this puts the larger
+    // C*KH*KW side on M, where the matmul splits work across threads.
+    let dw_transposed = Scratch(if algorithm.explicit(&window) {
+        let cols = Scratch(im2col(x, lx, &window));
+        matmul_2d(
+            &cols,
+            &Layout::contiguous(&[taps, pixels]),
+            &g_by_channel,
+            &g_layout,
+        )
+    } else {
+        matmul_implicit(TapRows(columns), taps, pixels, &g_by_channel, &g_layout)
+    });
     Ok(contiguous(
-        &Scratch(dw_transposed),
-        &Layout::contiguous(&[rows, out_channels]).permute(&[1, 0]),
+        &dw_transposed,
+        &Layout::contiguous(&[taps, out_channels]).permute(&[1, 0]),
     ))
-}
-
-/// Unfolds x into the `[C*KH*KW, N*OH*OW]` column matrix (zeros where a tap hits padding).
-/// For each kernel offset the in-bounds outputs of a row are one run (`Window2d::out_range`):
-/// a slice copy at stride 1, so only the padding edges are written one by one.
-fn im2col(x: &[f32], lx: &Layout, window: &Window2d) -> Vec<f32> {
-    let [_, kernel_w] = window.kernel;
-    let [_, out_w] = window.out_size;
-    let pixels = window.batch * window.out_plane();
-    let rows = window.channels * window.taps();
-    let mut cols = crate::pool::take(rows * pixels);
-    if cols.is_empty() {
-        return cols;
-    }
-    let [stride_n, stride_c, stride_h, stride_w] =
-        [lx.strides[0], lx.strides[1], lx.strides[2], lx.strides[3]];
-    let (step_w, pad_w) = (window.stride[1], window.padding[1]);
-    let fill_row = |row: usize, dst: &mut [f32]| {
-        let (channel, tap) = (row / window.taps(), row % window.taps());
-        let (tap_h, tap_w) = (tap / kernel_w, tap % kernel_w);
-        let (valid_h, valid_w) = (window.out_range(0, tap_h), window.out_range(1, tap_w));
-        for (image, dst_image) in dst.chunks_mut(window.out_plane()).enumerate() {
-            let base = lx.offset + image * stride_n + channel * stride_c;
-            for (oh, dst_row) in dst_image.chunks_mut(out_w).enumerate() {
-                if !valid_h.contains(&oh) || valid_w.is_empty() {
-                    dst_row.fill(0.0);
-                    continue;
-                }
-                let ih = oh * window.stride[0] + tap_h - window.padding[0];
-                if step_w == 1 && stride_w == 1 {
-                    let src = &x[base + ih * stride_h..][..window.in_size[1]];
-                    let shift = tap_w as isize - pad_w as isize;
-                    copy_shifted(src, shift, dst_row);
-                    continue;
-                }
-                dst_row[..valid_w.start].fill(0.0);
-                dst_row[valid_w.end..].fill(0.0);
-                let first =
-                    base + ih * stride_h + (valid_w.start * step_w + tap_w - pad_w) * stride_w;
-                let dst_run = &mut dst_row[valid_w.clone()];
-                if step_w * stride_w == 1 {
-                    // Runs are as short as the image is wide (4 on the CNN's second layer): a
-                    // loop the compiler unrolls, not a memcpy call per run.
-                    let run = dst_run.len();
-                    for (d, &v) in dst_run.iter_mut().zip(&x[first..first + run]) {
-                        *d = v;
-                    }
-                } else {
-                    for (k, d) in dst_run.iter_mut().enumerate() {
-                        *d = x[first + k * step_w * stride_w];
-                    }
-                }
-            }
-        }
-    };
-    if same_size_plane(window) && lx.is_contiguous() {
-        // One channel's KH*KW rows at a time: each image's plane is padded once into a small
-        // buffer, and every tap's row is then plain fixed-width copies out of it.
-        let fill_channel = |channel: usize, dst: &mut [f32]| {
-            let mut padded = [0.0f32; PADDED_PLANE];
-            for image in 0..window.batch {
-                let base = lx.offset + image * stride_n + channel * stride_c;
-                let src = &x[base..base + window.in_plane()];
-                match window.in_size[1] {
-                    4 => unfold_plane::<4>(src, window, &mut padded, image, dst),
-                    8 => unfold_plane::<8>(src, window, &mut padded, image, dst),
-                    16 => unfold_plane::<16>(src, window, &mut padded, image, dst),
-                    _ => unfold_plane::<32>(src, window, &mut padded, image, dst),
-                }
-            }
-        };
-        let chunk = window.taps() * pixels;
-        if cols.len() > PARALLEL_THRESHOLD {
-            cols.par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(c, dst)| fill_channel(c, dst));
-        } else {
-            cols.chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(c, dst)| fill_channel(c, dst));
-        }
-        return cols;
-    }
-    if cols.len() > PARALLEL_THRESHOLD {
-        cols.par_chunks_mut(pixels)
-            .enumerate()
-            .for_each(|(row, dst)| fill_row(row, dst));
-    } else {
-        cols.chunks_mut(pixels)
-            .enumerate()
-            .for_each(|(row, dst)| fill_row(row, dst));
-    }
-    cols
-}
-
-/// One `W x W` plane of the input gradient of a "same" convolution: every tap's rows of the
-/// column gradient are added, in tap order (as the general path adds them, so the bits are
-/// the same), into a zeroed padded plane at fixed-width offsets; the interior is the result.
-#[inline(always)]
-fn fold_plane<const W: usize>(
-    cols: &[f32],
-    window: &Window2d,
-    image: usize,
-    channel: usize,
-    padded: &mut [f32; PADDED_PLANE],
-    plane: &mut [f32],
-) {
-    let [ph, pw] = window.padding;
-    let (pwidth, pheight) = (W + 2 * pw, W + 2 * ph);
-    padded[..pwidth * pheight].fill(0.0);
-    let pixels = window.batch * W * W;
-    let [kh, kw] = window.kernel;
-    for th in 0..kh {
-        for tw in 0..kw {
-            let row = channel * kh * kw + th * kw + tw;
-            let src = &cols[row * pixels + image * W * W..][..W * W];
-            for (oh, values) in src.chunks_exact(W).enumerate() {
-                let to = &mut padded[(oh + th) * pwidth + tw..][..W];
-                for (t, &v) in to.iter_mut().zip(values) {
-                    *t += v;
-                }
-            }
-        }
-    }
-    for (r, out) in plane.chunks_exact_mut(W).enumerate() {
-        out.copy_from_slice(&padded[(r + ph) * pwidth + pw..][..W]);
-    }
-}
-
-/// Values of the stack buffer a padded plane is built in.
-const PADDED_PLANE: usize = 48 * 48;
-
-/// Whether `im2col` and `col2im` can take the fixed-size path: stride 1, output as large as
-/// the input ("same" padding), square planes of 4, 8, 16 or 32 whose padded copy fits in
-/// `PADDED_PLANE` (`im2col` also needs a contiguous input).
-fn same_size_plane(window: &Window2d) -> bool {
-    let [h, w] = window.in_size;
-    let padded = (h + 2 * window.padding[0]) * (w + 2 * window.padding[1]);
-    window.stride == [1, 1]
-        && window.out_size == window.in_size
-        && h == w
-        && matches!(w, 4 | 8 | 16 | 32)
-        && padded <= PADDED_PLANE
-}
-
-/// Image `image`'s part of one channel's im2col rows (`dst` holds the channel's KH*KW rows of
-/// `N * W * W` pixels): `src` (a `W x W` plane) is copied into `padded` with its zero border,
-/// then row `oh` of tap `(th, tw)` is the `W` values of padded row `oh + th` from column `tw`.
-#[inline(always)]
-fn unfold_plane<const W: usize>(
-    src: &[f32],
-    window: &Window2d,
-    padded: &mut [f32; PADDED_PLANE],
-    image: usize,
-    dst: &mut [f32],
-) {
-    let [ph, pw] = window.padding;
-    let (pwidth, pheight) = (W + 2 * pw, W + 2 * ph);
-    padded[..pwidth * pheight].fill(0.0);
-    for (r, src_row) in src.chunks_exact(W).enumerate() {
-        padded[(r + ph) * pwidth + pw..][..W].copy_from_slice(src_row);
-    }
-    let plane = W * W;
-    let pixels = window.batch * plane;
-    let [kh, kw] = window.kernel;
-    for th in 0..kh {
-        for tw in 0..kw {
-            let row = &mut dst[(th * kw + tw) * pixels + image * plane..][..plane];
-            for (oh, out) in row.chunks_exact_mut(W).enumerate() {
-                let from = &padded[(oh + th) * pwidth + tw..][..W];
-                out.copy_from_slice(from);
-            }
-        }
-    }
-}
-
-/// `dst[ow] = src[ow + shift]`, zero where that falls outside `src`: one row of a stride-1
-/// im2col. The usual widths are constants, so the row is unrolled with selects instead of a
-/// memcpy call per run of three or four values.
-#[inline]
-fn copy_shifted(src: &[f32], shift: isize, dst: &mut [f32]) {
-    #[inline(always)]
-    fn row(src: &[f32], shift: isize, dst: &mut [f32], width: usize) {
-        let n = src.len() as isize;
-        for (ow, d) in dst[..width].iter_mut().enumerate() {
-            let iw = ow as isize + shift;
-            *d = if (0..n).contains(&iw) {
-                src[iw as usize]
-            } else {
-                0.0
-            };
-        }
-    }
-    match dst.len() {
-        4 => row(src, shift, dst, 4),
-        8 => row(src, shift, dst, 8),
-        16 => row(src, shift, dst, 16),
-        32 => row(src, shift, dst, 32),
-        w => row(src, shift, dst, w),
-    }
-}
-
-/// Folds a column-matrix gradient back onto `[N, C, H, W]`, summing overlapping taps. Each
-/// (image, channel) plane is owned by one task and summed in (tap, pixel) order.
-fn col2im(cols: &[f32], window: &Window2d) -> Vec<f32> {
-    let [_, kernel_w] = window.kernel;
-    let [_, in_w] = window.in_size;
-    let [_, out_w] = window.out_size;
-    let pixels = window.batch * window.out_plane();
-    let same = same_size_plane(window);
-    let len = window.batch * window.channels * window.in_plane();
-    // The fixed-size path writes every element; the general one adds into zeros.
-    let mut dx = if same {
-        crate::pool::take(len)
-    } else {
-        crate::pool::take_zeroed(len)
-    };
-    if dx.is_empty() || pixels == 0 {
-        if same {
-            dx.fill(0.0);
-        }
-        return dx;
-    }
-    let (step_w, pad_w) = (window.stride[1], window.padding[1]);
-    let fill_plane = |plane_index: usize, plane: &mut [f32]| {
-        let (image, channel) = (plane_index / window.channels, plane_index % window.channels);
-        if same {
-            let mut padded = [0.0f32; PADDED_PLANE];
-            match in_w {
-                4 => fold_plane::<4>(cols, window, image, channel, &mut padded, plane),
-                8 => fold_plane::<8>(cols, window, image, channel, &mut padded, plane),
-                16 => fold_plane::<16>(cols, window, image, channel, &mut padded, plane),
-                _ => fold_plane::<32>(cols, window, image, channel, &mut padded, plane),
-            }
-            return;
-        }
-        for tap in 0..window.taps() {
-            let (tap_h, tap_w) = (tap / kernel_w, tap % kernel_w);
-            let (valid_h, valid_w) = (window.out_range(0, tap_h), window.out_range(1, tap_w));
-            let row = channel * window.taps() + tap;
-            let src = &cols[row * pixels + image * window.out_plane()..][..window.out_plane()];
-            for oh in valid_h {
-                let ih = oh * window.stride[0] + tap_h - window.padding[0];
-                let src_run = &src[oh * out_w..][valid_w.clone()];
-                let first = ih * in_w + valid_w.start * step_w + tap_w - pad_w;
-                if step_w == 1 {
-                    for (d, &v) in plane[first..first + src_run.len()].iter_mut().zip(src_run) {
-                        *d += v;
-                    }
-                } else {
-                    for (k, &v) in src_run.iter().enumerate() {
-                        plane[first + k * step_w] += v;
-                    }
-                }
-            }
-        }
-    };
-    if dx.len() > PARALLEL_THRESHOLD {
-        dx.par_chunks_mut(window.in_plane())
-            .enumerate()
-            .for_each(|(i, plane)| fill_plane(i, plane));
-    } else {
-        dx.chunks_mut(window.in_plane())
-            .enumerate()
-            .for_each(|(i, plane)| fill_plane(i, plane));
-    }
-    dx
 }

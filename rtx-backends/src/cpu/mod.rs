@@ -19,10 +19,12 @@
 //! in f64; matmul and convolution accumulate in f32 like a BLAS would.
 
 mod check;
+mod columns;
 mod conv;
 mod elementwise;
 mod fused;
 mod gemm;
+mod im2col;
 mod index;
 mod pool;
 mod random;
@@ -34,7 +36,10 @@ mod window;
 
 pub use crate::layout::Layout;
 pub use check::{KResult, KernelError};
-pub use conv::{conv2d, conv2d_grad_input, conv2d_grad_weight};
+pub use conv::{
+    ConvAlgorithm, conv2d, conv2d_grad_input, conv2d_grad_input_with, conv2d_grad_weight,
+    conv2d_grad_weight_with, conv2d_with,
+};
 pub use elementwise::{BinaryOp, UnaryOp, binary, broadcast_shape, unary};
 pub use fused::{map_fused, map_fused_in_place};
 pub use gemm::bf16::{Bf16Kernel, bf16_kernels, matmul_bf16, matmul_bf16_with};

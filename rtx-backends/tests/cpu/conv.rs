@@ -1,5 +1,8 @@
 use rtx_backends::Layout;
-use rtx_backends::cpu::{KernelError, conv2d, conv2d_grad_input, conv2d_grad_weight};
+use rtx_backends::cpu::{
+    ConvAlgorithm, KernelError, conv2d, conv2d_grad_input, conv2d_grad_input_with,
+    conv2d_grad_weight, conv2d_grad_weight_with, conv2d_with,
+};
 
 use crate::common::*;
 
@@ -10,9 +13,9 @@ struct Case {
     padding: [usize; 2],
 }
 
-const CASES: [Case; 7] = [
-    // "Same" convolutions of square planes of 4, 8 and 16: the fixed-size im2col path
-    // (3x3 padding 1, 5x5 padding 2, 1x1), in parallel for the largest.
+const CASES: [Case; 11] = [
+    // "Same" convolutions (3x3 padding 1, 5x5 padding 2, 1x1): the input gradient is a
+    // convolution of the output gradient by the flipped kernel.
     Case {
         x_shape: [2, 3, 8, 8],
         w_shape: [4, 3, 3, 3],
@@ -31,6 +34,7 @@ const CASES: [Case; 7] = [
         stride: [1, 1],
         padding: [0, 0],
     },
+    // Strided: the input gradient folds the column gradient back.
     Case {
         x_shape: [2, 3, 7, 6],
         w_shape: [4, 3, 3, 2],
@@ -49,12 +53,42 @@ const CASES: [Case; 7] = [
         stride: [3, 2],
         padding: [0, 2],
     },
-    // Enough pixels for the parallel im2col / col2im paths.
+    // Enough pixels for several tasks.
     Case {
         x_shape: [8, 4, 24, 24],
         w_shape: [6, 4, 3, 3],
         stride: [1, 1],
         padding: [1, 1],
+    },
+    // More channels x taps (288) than one K slice of the GEMM holds, and more pixels (576)
+    // than one K slice of the weight gradient.
+    Case {
+        x_shape: [4, 32, 12, 12],
+        w_shape: [20, 32, 3, 3],
+        stride: [1, 1],
+        padding: [1, 1],
+    },
+    // Output rows one pixel wide: a panel of pixels spans many rows and images.
+    Case {
+        x_shape: [5, 3, 6, 3],
+        w_shape: [4, 3, 3, 3],
+        stride: [1, 1],
+        padding: [1, 0],
+    },
+    // Padding as large as the kernel (stride 1): the flipped-kernel window would need a
+    // negative padding, so the input gradient folds.
+    Case {
+        x_shape: [2, 3, 5, 5],
+        w_shape: [4, 3, 1, 1],
+        stride: [1, 1],
+        padding: [1, 1],
+    },
+    // Padding of kernel - 1: the output is larger than the input.
+    Case {
+        x_shape: [2, 2, 5, 5],
+        w_shape: [3, 2, 3, 3],
+        stride: [1, 1],
+        padding: [2, 2],
     },
 ];
 
@@ -126,33 +160,55 @@ fn conv2d_forward_and_grads_match_reference() {
         });
         let what = format!("x {:?} w {:?}", case.x_shape, case.w_shape);
 
-        let (y, shape) = conv2d(&x, &lx, &w, &lw, case.stride, case.padding).unwrap();
-        assert_eq!(shape.as_slice(), &out_shape[..]);
-        assert_close(
-            &y,
-            &want_y,
-            1e-4 * taps.sqrt(),
-            1e-4,
-            &format!("forward {what}"),
-        );
-        let dx =
-            conv2d_grad_input(&g, &lg, &w, &lw, &case.x_shape, case.stride, case.padding).unwrap();
-        assert_close(
-            &dx,
-            &want_dx,
-            1e-4 * taps.sqrt(),
-            1e-4,
-            &format!("grad input {what}"),
-        );
-        let dw =
-            conv2d_grad_weight(&x, &lx, &g, &lg, &case.w_shape, case.stride, case.padding).unwrap();
-        assert_close(
-            &dw,
-            &want_dw,
-            1e-4 * pixels.sqrt(),
-            1e-4,
-            &format!("grad weight {what}"),
-        );
+        for algorithm in [ConvAlgorithm::Explicit, ConvAlgorithm::Implicit] {
+            let what = format!("{what} {algorithm:?}");
+            let (y, shape) =
+                conv2d_with(algorithm, &x, &lx, &w, &lw, case.stride, case.padding).unwrap();
+            assert_eq!(shape.as_slice(), &out_shape[..]);
+            assert_close(
+                &y,
+                &want_y,
+                1e-4 * taps.sqrt(),
+                1e-4,
+                &format!("forward {what}"),
+            );
+            let dx = conv2d_grad_input_with(
+                algorithm,
+                &g,
+                &lg,
+                &w,
+                &lw,
+                &case.x_shape,
+                case.stride,
+                case.padding,
+            )
+            .unwrap();
+            assert_close(
+                &dx,
+                &want_dx,
+                1e-4 * taps.sqrt(),
+                1e-4,
+                &format!("grad input {what}"),
+            );
+            let dw = conv2d_grad_weight_with(
+                algorithm,
+                &x,
+                &lx,
+                &g,
+                &lg,
+                &case.w_shape,
+                case.stride,
+                case.padding,
+            )
+            .unwrap();
+            assert_close(
+                &dw,
+                &want_dw,
+                1e-4 * pixels.sqrt(),
+                1e-4,
+                &format!("grad weight {what}"),
+            );
+        }
     }
 }
 
@@ -269,10 +325,9 @@ fn conv2d_grad_weight_refuses_a_gradient_of_another_shape_than_the_output() {
 }
 
 #[test]
-fn same_convolutions_of_contiguous_images_equal_the_general_path_bit_for_bit() {
-    // The fixed-size im2col (contiguous square planes, stride 1, output as large as the input)
-    // copies the same values as the general one (taken for a channels-last view of the same
-    // numbers), so the products are identical.
+fn a_channels_last_input_gives_the_same_bits_as_a_contiguous_one() {
+    // The column matrix is read through the input's strides, so the packed panels, and with
+    // them the products, are identical.
     let mut rng = Rng::new(31);
     for (x_shape, w_shape, pad) in [
         ([2, 3, 8, 8], [4, 3, 3, 3], 1),
@@ -295,10 +350,10 @@ fn same_convolutions_of_contiguous_images_equal_the_general_path_bit_for_bit() {
             offset: 0,
         };
 
-        let (fast, shape) = conv2d(&x, &lx, &w, &lw, [1, 1], [pad, pad]).unwrap();
-        let (general, _) = conv2d(&nhwc, &l_nhwc, &w, &lw, [1, 1], [pad, pad]).unwrap();
+        let (contiguous, shape) = conv2d(&x, &lx, &w, &lw, [1, 1], [pad, pad]).unwrap();
+        let (channels_last, _) = conv2d(&nhwc, &l_nhwc, &w, &lw, [1, 1], [pad, pad]).unwrap();
 
         assert_eq!(shape.as_slice(), &[x_shape[0], w_shape[0], h, wd]);
-        assert_eq!(fast, general, "{x_shape:?} * {w_shape:?}");
+        assert_eq!(contiguous, channels_last, "{x_shape:?} * {w_shape:?}");
     }
 }

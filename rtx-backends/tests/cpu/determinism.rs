@@ -1,7 +1,8 @@
 //! Bit-identical results whatever the rayon thread count.
 
 use rtx_backends::cpu::{
-    ReduceOp, conv2d, conv2d_grad_weight, dropout_mask, map_rows, matmul, pick_last_grad, reduce,
+    ConvAlgorithm, ReduceOp, conv2d, conv2d_grad_input_with, conv2d_grad_weight,
+    conv2d_grad_weight_with, conv2d_with, dropout_mask, map_rows, matmul, pick_last_grad, reduce,
     scatter_add_rows,
 };
 
@@ -32,6 +33,7 @@ fn kernels_are_bit_identical_across_thread_counts() {
     let (rows, lrows) = random_contiguous(&mut rng, &[4000, 10]);
     let labels: Vec<i64> = (0..300).map(|_| rng.below(400) as i64).collect();
 
+    let implicit = ConvAlgorithm::Implicit;
     let run_all = || -> Vec<Vec<u32>> {
         vec![
             bits(&matmul(&a, &la, &b, &lb).unwrap().0),
@@ -71,6 +73,20 @@ fn kernels_are_bit_identical_across_thread_counts() {
             ),
             bits(&conv2d(&img, &limg, &w, &lw, [1, 1], [1, 1]).unwrap().0),
             bits(&conv2d_grad_weight(&img, &limg, &g, &lg, &lw.shape, [1, 1], [1, 1]).unwrap()),
+            // The implicit GEMM: blocks of the column matrix built per task.
+            bits(
+                &conv2d_with(implicit, &img, &limg, &w, &lw, [1, 1], [1, 1])
+                    .unwrap()
+                    .0,
+            ),
+            bits(
+                &conv2d_grad_input_with(implicit, &g, &lg, &w, &lw, &limg.shape, [1, 1], [1, 1])
+                    .unwrap(),
+            ),
+            bits(
+                &conv2d_grad_weight_with(implicit, &img, &limg, &g, &lg, &lw.shape, [1, 1], [1, 1])
+                    .unwrap(),
+            ),
             bits(&scatter_add_rows(&rows, &lrows, &ids, 30).unwrap()),
             bits(&dropout_mask(100_000, 0.25, 9).unwrap()),
         ]

@@ -14,6 +14,21 @@ pub(crate) struct Blocking {
 }
 
 impl Blocking {
+    /// This blocking with whole rows per task: as many row blocks as this one has tasks
+    /// (at least as many as it has row blocks), one column block of `n`.
+    pub(crate) fn rows_only(self, n: usize) -> Blocking {
+        let panels = self.m.div_ceil(self.mr);
+        let tasks = (self.row_blocks * self.col_blocks)
+            .min(panels)
+            .max(self.row_blocks);
+        Blocking {
+            row_blocks: tasks,
+            nc: n.max(1),
+            col_blocks: 1,
+            ..self
+        }
+    }
+
     /// First row and row count of row block `block`: the `mr`-row panels are dealt out
     /// evenly (block sizes differ by at most one panel), so no thread is left with a whole
     /// block more than another while the last block is a sliver.

@@ -20,12 +20,14 @@ pub(crate) mod bf16;
 mod blocking;
 mod direct;
 mod epilogue;
+mod implicit;
 mod kernels;
 mod pack;
 mod scratch;
 
 pub(crate) use blocking::{Blocking, blocking};
 pub use epilogue::matmul_fused;
+pub(crate) use implicit::{PackB, matmul_implicit_b};
 use scratch::{PACKED_B, with_cached_scratch, with_packed_a, with_scratch};
 
 use rayon::prelude::*;
@@ -43,7 +45,7 @@ const DIRECT_ROWS: usize = 4;
 /// dot products (`direct::multiply_dots`): a packed tile would be mostly padding.
 const DOT_COLS: usize = 16;
 /// K slice per pass: a B micro-panel (`KC x NR`) stays in L1, an A block in L2.
-const KC: usize = 256;
+pub(crate) const KC: usize = 256;
 /// Most micro-panels of A per task (rows of C per task = this times MR), so the packed A
 /// block (`MC x KC`) stays within L2.
 const MAX_ROW_PANELS: usize = 24;
@@ -67,6 +69,22 @@ struct MatrixView<'a> {
 impl MatrixView<'_> {
     fn get(&self, row: usize, col: usize) -> f32 {
         self.data[self.offset + row * self.row_stride + col * self.col_stride]
+    }
+}
+
+/// What the packed path reads A through: a strided matrix, or an operand that is never
+/// stored whole and is built panel by panel as it is packed (a convolution's column matrix,
+/// `conv.rs`), so the GEMM sees it only as L2-sized blocks.
+pub(crate) trait PackA: Sync {
+    /// Rows `row0..row0 + rows`, columns `k0..k0 + kc` of A as row panels `mr` tall, each
+    /// stored k-major (`mr` values per k), rows past the end zero. `dst` holds
+    /// `rows.div_ceil(mr) * kc * mr` values.
+    fn pack(&self, row0: usize, rows: usize, k0: usize, kc: usize, mr: usize, dst: &mut [f32]);
+}
+
+impl PackA for MatrixView<'_> {
+    fn pack(&self, row0: usize, rows: usize, k0: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+        pack::pack_a(*self, row0, rows, k0, kc, mr, dst);
     }
 }
 
@@ -239,6 +257,46 @@ pub(crate) fn matmul_2d(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> Vec<f
     gemm(gemm_kernel(), a, la, b, lb, &product, None)
 }
 
+/// C [m, n] = A [m, k] @ B [k, n] where A is never stored: `a` builds each block as the GEMM
+/// packs it (`PackA`); `b` is a matrix an internal caller built (`lb` of rank 2).
+pub(crate) fn matmul_implicit<A: PackA>(
+    a: A,
+    m: usize,
+    k: usize,
+    b: &[f32],
+    lb: &Layout,
+) -> Vec<f32> {
+    debug_assert!(lb.rank() == 2 && lb.shape[0] == k);
+    let n = lb.shape[1];
+    if m * n == 0 || k == 0 {
+        return crate::pool::take_zeroed(m * n);
+    }
+    let mut out = crate::pool::take(m * n);
+    let b_view = |_| MatrixView {
+        data: b,
+        offset: lb.offset,
+        row_stride: lb.strides[0],
+        col_stride: lb.strides[1],
+    };
+    let sizes = PackedProduct {
+        m,
+        k,
+        n,
+        batches: 1,
+        b_shared: true,
+        costly_a: true,
+    };
+    let a_of = |_| &a;
+    packed(gemm_kernel(), sizes, &a_of, &b_view, None, &mut out);
+    out
+}
+
+impl<A: PackA> PackA for &A {
+    fn pack(&self, row0: usize, rows: usize, k0: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+        (**self).pack(row0, rows, k0, kc, mr, dst);
+    }
+}
+
 /// The output pointer shared by the tasks; each task writes a disjoint block of C.
 #[derive(Clone, Copy)]
 pub(crate) struct OutPtr(*mut f32);
@@ -341,16 +399,71 @@ fn gemm(
         return out;
     }
 
+    let b_shared = b_batches.strides.iter().all(|&s| s == 0);
+    packed(
+        kernel,
+        PackedProduct {
+            m,
+            k,
+            n,
+            batches,
+            b_shared,
+            costly_a: false,
+        },
+        &a_view,
+        &b_view,
+        epilogue,
+        &mut out,
+    );
+    out
+}
+
+/// The sizes of a product on the packed path: `batches` products `[m, k] @ [k, n]`, with
+/// one B for all of them when `b_shared`.
+#[derive(Clone, Copy)]
+struct PackedProduct {
+    m: usize,
+    k: usize,
+    n: usize,
+    batches: usize,
+    b_shared: bool,
+    /// Whether packing A costs more than reading a matrix (an implicit A, built from an
+    /// image): then tasks never split columns, which would build each block of A again.
+    costly_a: bool,
+}
+
+/// The packed path: B packed once into column panels, then tasks over blocks of C, each
+/// packing its A block per K slice through `a_of(batch)`. Writes every element of `out`
+/// (`batches * m * n` values, `k > 0`).
+fn packed<'b, A: PackA>(
+    kernel: GemmKernel,
+    sizes: PackedProduct,
+    a_of: &(dyn Fn(usize) -> A + Sync),
+    b_view: &(dyn Fn(usize) -> MatrixView<'b> + Sync),
+    epilogue: Option<Epilogue<'_>>,
+    out: &mut [f32],
+) {
+    let PackedProduct {
+        m,
+        k,
+        n,
+        batches,
+        b_shared,
+        costly_a,
+    } = sizes;
     let (mr, nr, micro) = kernel.spec();
     let parallel = (batches * m * n).saturating_mul(k) >= PARALLEL_WORK;
     // A B shared by every batch (a weight) is packed once.
-    let b_shared = b_batches.strides.iter().all(|&s| s == 0);
     let b_count = if b_shared { 1 } else { batches };
     let panels = n.div_ceil(nr);
     let b_len = panels * k * nr;
 
     let work = (batches * m * n).saturating_mul(k);
-    let blocks = blocking(m, n, batches, k, mr, nr, parallel.then_some(work));
+    let mut blocks = blocking(m, n, batches, k, mr, nr, parallel.then_some(work));
+    if costly_a {
+        // Each column block would build A again: split rows only.
+        blocks = blocks.rows_only(n);
+    }
     let Blocking {
         row_blocks,
         nc,
@@ -378,10 +491,11 @@ fn gemm(
             let batch = task / (row_blocks * col_blocks);
             let (row0, rows) = blocks.rows((task / col_blocks) % row_blocks);
             let col0 = task % col_blocks * nc;
+            let a = a_of(batch);
             let block = Block {
                 batch,
                 epilogue,
-                a: a_view(batch),
+                a: &a,
                 packed_b: &packed_b[if b_shared { 0 } else { batch * b_len }..][..b_len],
                 // SAFETY: `batch * m * n` is inside `out`, which holds `batches * m * n`.
                 c: unsafe { c.get().add(batch * m * n) },
@@ -403,7 +517,6 @@ fn gemm(
             (0..tasks).for_each(run);
         }
     });
-    out
 }
 
 /// `l`'s batch axes (all but the last two) broadcast to `batch_shape`.
@@ -422,7 +535,7 @@ pub(crate) fn batch_layout(l: &Layout, batch_shape: &[usize]) -> Layout {
 struct Block<'a> {
     batch: usize,
     epilogue: Option<Epilogue<'a>>,
-    a: MatrixView<'a>,
+    a: &'a dyn PackA,
     packed_b: &'a [f32],
     c: *mut f32,
     m: usize,
@@ -448,7 +561,7 @@ impl Block<'_> {
             for k0 in (0..k).step_by(KC) {
                 let kc = KC.min(k - k0);
                 let packed_a = &mut packed_a[..row_panels * kc * mr];
-                pack::pack_a(self.a, row0, rows, k0, kc, mr, packed_a);
+                self.a.pack(row0, rows, k0, kc, mr, packed_a);
                 for col_panel in col0 / nr..(col0 + cols).div_ceil(nr) {
                     let j0 = col_panel * nr;
                     let width = nr.min(n - j0);
@@ -479,8 +592,7 @@ impl Block<'_> {
         }
     }
 
-    /// One `height x width` tile of C at `c` over a K slice of `kc`: the micro-kernel in
-    /// place for a full tile, or into a local tile whose valid part is kept.
+    /// `tile` at this block's kernel and row stride.
     ///
     /// # Safety
     /// As `multiply`; `c` is the tile's origin inside this task's block.
@@ -495,31 +607,71 @@ impl Block<'_> {
         width: usize,
         accumulate: bool,
     ) {
-        let (mr, nr, n) = (self.mr, self.nr, self.n);
-        if height == mr && width == nr {
-            // SAFETY: a full tile (the caller's guarantees).
-            unsafe { (self.micro)(kc, a_panel.as_ptr(), b_panel.as_ptr(), c, n, accumulate) };
-            return;
-        }
-        let mut tile = [0.0f32; MAX_TILE];
-        // SAFETY: `tile` holds mr * nr <= MAX_TILE values at stride nr.
+        let shape = TileShape {
+            micro: self.micro,
+            mr: self.mr,
+            nr: self.nr,
+        };
+        // SAFETY: the caller's guarantees.
         unsafe {
-            (self.micro)(
-                kc,
-                a_panel.as_ptr(),
-                b_panel.as_ptr(),
-                tile.as_mut_ptr(),
-                nr,
-                false,
+            tile(
+                shape, kc, a_panel, b_panel, c, self.n, height, width, accumulate,
             )
         };
-        for (r, tile_row) in tile.chunks_exact(nr).take(height).enumerate() {
-            for (j, &v) in tile_row[..width].iter().enumerate() {
-                // SAFETY: row r < height and column j < width of the tile.
-                unsafe {
-                    let dst = c.add(r * n + j);
-                    *dst = if accumulate { *dst + v } else { v };
-                }
+    }
+}
+
+/// A micro-kernel and its tile.
+#[derive(Clone, Copy)]
+pub(crate) struct TileShape {
+    pub micro: MicroKernel,
+    pub mr: usize,
+    pub nr: usize,
+}
+
+/// One `height x width` tile of C at `c` (row stride `ldc`) over a K slice of `kc`: the
+/// micro-kernel in place for a full tile, or into a local tile whose valid part is kept.
+///
+/// # Safety
+/// The panels hold `kc * mr` and `kc * nr` values, `c` covers `height <= mr` rows of
+/// `width <= nr` values at stride `ldc` that no other thread touches, and the CPU runs
+/// `micro`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile(
+    shape: TileShape,
+    kc: usize,
+    a_panel: &[f32],
+    b_panel: &[f32],
+    c: *mut f32,
+    ldc: usize,
+    height: usize,
+    width: usize,
+    accumulate: bool,
+) {
+    let TileShape { micro, mr, nr } = shape;
+    if height == mr && width == nr {
+        // SAFETY: a full tile (the caller's guarantees).
+        unsafe { micro(kc, a_panel.as_ptr(), b_panel.as_ptr(), c, ldc, accumulate) };
+        return;
+    }
+    let mut tile = [0.0f32; MAX_TILE];
+    // SAFETY: `tile` holds mr * nr <= MAX_TILE values at stride nr.
+    unsafe {
+        micro(
+            kc,
+            a_panel.as_ptr(),
+            b_panel.as_ptr(),
+            tile.as_mut_ptr(),
+            nr,
+            false,
+        )
+    };
+    for (r, tile_row) in tile.chunks_exact(nr).take(height).enumerate() {
+        for (j, &v) in tile_row[..width].iter().enumerate() {
+            // SAFETY: row r < height and column j < width of the tile.
+            unsafe {
+                let dst = c.add(r * ldc + j);
+                *dst = if accumulate { *dst + v } else { v };
             }
         }
     }

@@ -18,7 +18,7 @@ thread_local! {
 }
 
 /// The largest packed A block of any kernel (`MAX_ROW_PANELS` panels of 14 rows by `KC`).
-const MAX_PACKED_A: usize = MAX_ROW_PANELS * 14 * KC;
+pub(super) const MAX_PACKED_A: usize = MAX_ROW_PANELS * 14 * KC;
 
 /// Idle packed-A buffers, each `MAX_PACKED_A` (plus alignment slack) long so any task can use
 /// any of them. The first product fills this with one per thread and one more at once:
