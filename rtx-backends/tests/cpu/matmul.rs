@@ -307,6 +307,27 @@ fn every_kernel_matches_the_naive_product_on_broadcast_batches() {
 }
 
 #[test]
+fn every_kernel_matches_the_naive_product_when_column_blocks_share_one_packed_a() {
+    // A few hundred rows against a B too large for L2 (over 1 MiB packed): tasks split the
+    // columns, and A is packed once for all of them, per batch, K slice by K slice.
+    let mut rng = Rng::new(28);
+    for kernel in gemm_kernels() {
+        for (sa, sb) in [
+            (vec![100, 300], vec![300, 1100]),
+            (vec![2, 45, 530], vec![2, 530, 600]),
+        ] {
+            let (a, la) = random_contiguous(&mut rng, &sa);
+            let (b, lb) = random_view(&mut rng, &sb, View::Reversed);
+            let (got, _) = matmul_with(kernel, &a, &la, &b, &lb).unwrap();
+            let (want, _) = matmul_naive(&read(&a, &la), &sa, &read(&b, &lb), &sb);
+            let k = sa[sa.len() - 1] as f64;
+            let what = format!("{kernel:?} {sa:?} @ {sb:?}");
+            assert_close(&got, &want, 1e-4 * k.sqrt(), 1e-4, &what);
+        }
+    }
+}
+
+#[test]
 fn every_kernel_gives_bit_identical_results_on_any_thread_count() {
     let mut rng = Rng::new(27);
     let (m, k, n) = (301, 530, 290);

@@ -12,9 +12,11 @@
 //! whose exact-size cache hands the same buffers back every step whichever thread drives the
 //! product, and the packed-A buffers are made together, one per thread, by the first product.
 
-// Files: this one the driver (`gemm`, `Block`) and the kernel choice; `blocking.rs` how a
-// product is split into tasks; `epilogue.rs` `matmul_fused`; `scratch.rs` the packing buffers;
-// `pack.rs` packing; `kernels.rs` micro-kernels; `direct.rs` the unpacked paths; `bf16.rs`.
+// Files: this one the entry points, the driver (`gemm`) and the kernel choice; `packed.rs`
+// the packed path (`packed`, `Block`, `tile`); `implicit.rs` products whose B is built per
+// block; `blocking.rs` how a product is split into tasks; `epilogue.rs` `matmul_fused`;
+// `scratch.rs` the packing buffers; `pack.rs` packing; `kernels.rs` micro-kernels;
+// `direct.rs` the unpacked paths; `bf16.rs`.
 
 pub(crate) mod bf16;
 mod blocking;
@@ -23,14 +25,15 @@ mod epilogue;
 mod implicit;
 mod kernels;
 mod pack;
+mod packed;
 mod scratch;
 
 pub(crate) use blocking::{Blocking, blocking};
 pub use epilogue::matmul_fused;
 pub(crate) use implicit::{PackB, matmul_implicit_b};
-use scratch::{PACKED_B, with_cached_scratch, with_packed_a, with_scratch};
-
-use rayon::prelude::*;
+use packed::{PackedProduct, packed};
+pub(crate) use packed::{TileShape, tile};
+use scratch::{PACKED_B, with_scratch};
 
 use crate::layout::{Dims, Layout};
 
@@ -51,6 +54,11 @@ pub(crate) const KC: usize = 256;
 const MAX_ROW_PANELS: usize = 24;
 /// Bytes of packed B above which re-reading it per row block goes to L3.
 const B_IN_L2: usize = 1 << 20;
+/// Most values of A packed once for all column blocks (32 MiB); larger products pack each
+/// task's block.
+const SHARED_A_MAX: usize = 1 << 23;
+/// Row panels per piece when A is packed up front.
+const SHARED_A_PANELS: usize = 4;
 /// Fewest multiply-adds per task of a parallel product.
 const TASK_WORK: usize = 1 << 19;
 /// Multiply-adds below which forking costs more than it saves.
@@ -418,107 +426,6 @@ fn gemm(
     out
 }
 
-/// The sizes of a product on the packed path: `batches` products `[m, k] @ [k, n]`, with
-/// one B for all of them when `b_shared`.
-#[derive(Clone, Copy)]
-struct PackedProduct {
-    m: usize,
-    k: usize,
-    n: usize,
-    batches: usize,
-    b_shared: bool,
-    /// Whether packing A costs more than reading a matrix (an implicit A, built from an
-    /// image): then tasks never split columns, which would build each block of A again.
-    costly_a: bool,
-}
-
-/// The packed path: B packed once into column panels, then tasks over blocks of C, each
-/// packing its A block per K slice through `a_of(batch)`. Writes every element of `out`
-/// (`batches * m * n` values, `k > 0`).
-fn packed<'b, A: PackA>(
-    kernel: GemmKernel,
-    sizes: PackedProduct,
-    a_of: &(dyn Fn(usize) -> A + Sync),
-    b_view: &(dyn Fn(usize) -> MatrixView<'b> + Sync),
-    epilogue: Option<Epilogue<'_>>,
-    out: &mut [f32],
-) {
-    let PackedProduct {
-        m,
-        k,
-        n,
-        batches,
-        b_shared,
-        costly_a,
-    } = sizes;
-    let (mr, nr, micro) = kernel.spec();
-    let parallel = (batches * m * n).saturating_mul(k) >= PARALLEL_WORK;
-    // A B shared by every batch (a weight) is packed once.
-    let b_count = if b_shared { 1 } else { batches };
-    let panels = n.div_ceil(nr);
-    let b_len = panels * k * nr;
-
-    let work = (batches * m * n).saturating_mul(k);
-    let mut blocks = blocking(m, n, batches, k, mr, nr, parallel.then_some(work));
-    if costly_a {
-        // Each column block would build A again: split rows only.
-        blocks = blocks.rows_only(n);
-    }
-    let Blocking {
-        row_blocks,
-        nc,
-        col_blocks,
-        ..
-    } = blocks;
-    let tasks = batches * row_blocks * col_blocks;
-
-    let c = OutPtr(out.as_mut_ptr());
-    // Packed B comes from the shared buffer cache, not this thread's scratch: a call from
-    // outside the pool is driven by whichever worker picks it up, and a per-thread buffer
-    // would first grow on each worker at some arbitrary later step.
-    with_cached_scratch(b_count * b_len, |packed_b| {
-        let pack = |(index, dst): (usize, &mut [f32])| {
-            let (batch, panel) = (index / panels, index % panels);
-            pack::pack_b_panel(b_view(batch), k, n, nr, panel, dst);
-        };
-        if parallel {
-            packed_b.par_chunks_mut(k * nr).enumerate().for_each(pack);
-        } else {
-            packed_b.chunks_mut(k * nr).enumerate().for_each(pack);
-        }
-        let packed_b = &*packed_b;
-        let run = |task: usize| {
-            let batch = task / (row_blocks * col_blocks);
-            let (row0, rows) = blocks.rows((task / col_blocks) % row_blocks);
-            let col0 = task % col_blocks * nc;
-            let a = a_of(batch);
-            let block = Block {
-                batch,
-                epilogue,
-                a: &a,
-                packed_b: &packed_b[if b_shared { 0 } else { batch * b_len }..][..b_len],
-                // SAFETY: `batch * m * n` is inside `out`, which holds `batches * m * n`.
-                c: unsafe { c.get().add(batch * m * n) },
-                m,
-                n,
-                k,
-                rows: (row0, rows),
-                cols: (col0, nc.min(n - col0)),
-                mr,
-                nr,
-                micro,
-            };
-            // SAFETY: tasks cover disjoint blocks of C, and `micro` runs on this CPU.
-            unsafe { block.multiply() };
-        };
-        if parallel {
-            (0..tasks).into_par_iter().for_each(run);
-        } else {
-            (0..tasks).for_each(run);
-        }
-    });
-}
-
 /// `l`'s batch axes (all but the last two) broadcast to `batch_shape`.
 pub(crate) fn batch_layout(l: &Layout, batch_shape: &[usize]) -> Layout {
     let batch_rank = l.rank() - 2;
@@ -528,151 +435,4 @@ pub(crate) fn batch_layout(l: &Layout, batch_shape: &[usize]) -> Layout {
         offset: l.offset,
     }
     .broadcast_to(batch_shape)
-}
-
-/// One task: rows `rows.0..rows.0 + rows.1` and columns `cols.0..cols.0 + cols.1` of one
-/// batch's C [m, n] (row-major at `c`).
-struct Block<'a> {
-    batch: usize,
-    epilogue: Option<Epilogue<'a>>,
-    a: &'a dyn PackA,
-    packed_b: &'a [f32],
-    c: *mut f32,
-    m: usize,
-    n: usize,
-    k: usize,
-    rows: (usize, usize),
-    cols: (usize, usize),
-    mr: usize,
-    nr: usize,
-    micro: MicroKernel,
-}
-
-impl Block<'_> {
-    /// # Safety
-    /// No other thread touches this block of C, and `micro` runs on this CPU.
-    unsafe fn multiply(&self) {
-        let (mr, nr, n, k) = (self.mr, self.nr, self.n, self.k);
-        let (row0, rows) = self.rows;
-        let (col0, cols) = self.cols;
-        let row_panels = rows.div_ceil(mr);
-        let packed_len = row_panels * KC.min(k) * mr;
-        with_packed_a(packed_len, |packed_a| {
-            for k0 in (0..k).step_by(KC) {
-                let kc = KC.min(k - k0);
-                let packed_a = &mut packed_a[..row_panels * kc * mr];
-                self.a.pack(row0, rows, k0, kc, mr, packed_a);
-                for col_panel in col0 / nr..(col0 + cols).div_ceil(nr) {
-                    let j0 = col_panel * nr;
-                    let width = nr.min(n - j0);
-                    let b_panel = &self.packed_b[col_panel * k * nr + k0 * nr..][..kc * nr];
-                    for row_panel in 0..row_panels {
-                        let i0 = row0 + row_panel * mr;
-                        let height = mr.min(self.m - i0);
-                        let a_panel = &packed_a[row_panel * kc * mr..][..kc * mr];
-                        // SAFETY: (i0, j0) is inside this block of C.
-                        let c = unsafe { self.c.add(i0 * n + j0) };
-                        // SAFETY: the panels hold kc * mr and kc * nr values; the tile lies in
-                        // this task's block of C.
-                        unsafe { self.tile(kc, a_panel, b_panel, c, height, width, k0 > 0) };
-                    }
-                }
-            }
-        });
-        // The block is final and still in L2: run the epilogue over each of its rows.
-        if let Some(epilogue) = self.epilogue {
-            for r in 0..rows {
-                // SAFETY: the block's rows lie inside this task's part of C, which no other
-                // task touches.
-                let row = unsafe {
-                    std::slice::from_raw_parts_mut(self.c.add((row0 + r) * n + col0), cols)
-                };
-                epilogue(self.batch, row0 + r, col0, row);
-            }
-        }
-    }
-
-    /// `tile` at this block's kernel and row stride.
-    ///
-    /// # Safety
-    /// As `multiply`; `c` is the tile's origin inside this task's block.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tile(
-        &self,
-        kc: usize,
-        a_panel: &[f32],
-        b_panel: &[f32],
-        c: *mut f32,
-        height: usize,
-        width: usize,
-        accumulate: bool,
-    ) {
-        let shape = TileShape {
-            micro: self.micro,
-            mr: self.mr,
-            nr: self.nr,
-        };
-        // SAFETY: the caller's guarantees.
-        unsafe {
-            tile(
-                shape, kc, a_panel, b_panel, c, self.n, height, width, accumulate,
-            )
-        };
-    }
-}
-
-/// A micro-kernel and its tile.
-#[derive(Clone, Copy)]
-pub(crate) struct TileShape {
-    pub micro: MicroKernel,
-    pub mr: usize,
-    pub nr: usize,
-}
-
-/// One `height x width` tile of C at `c` (row stride `ldc`) over a K slice of `kc`: the
-/// micro-kernel in place for a full tile, or into a local tile whose valid part is kept.
-///
-/// # Safety
-/// The panels hold `kc * mr` and `kc * nr` values, `c` covers `height <= mr` rows of
-/// `width <= nr` values at stride `ldc` that no other thread touches, and the CPU runs
-/// `micro`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn tile(
-    shape: TileShape,
-    kc: usize,
-    a_panel: &[f32],
-    b_panel: &[f32],
-    c: *mut f32,
-    ldc: usize,
-    height: usize,
-    width: usize,
-    accumulate: bool,
-) {
-    let TileShape { micro, mr, nr } = shape;
-    if height == mr && width == nr {
-        // SAFETY: a full tile (the caller's guarantees).
-        unsafe { micro(kc, a_panel.as_ptr(), b_panel.as_ptr(), c, ldc, accumulate) };
-        return;
-    }
-    let mut tile = [0.0f32; MAX_TILE];
-    // SAFETY: `tile` holds mr * nr <= MAX_TILE values at stride nr.
-    unsafe {
-        micro(
-            kc,
-            a_panel.as_ptr(),
-            b_panel.as_ptr(),
-            tile.as_mut_ptr(),
-            nr,
-            false,
-        )
-    };
-    for (r, tile_row) in tile.chunks_exact(nr).take(height).enumerate() {
-        for (j, &v) in tile_row[..width].iter().enumerate() {
-            // SAFETY: row r < height and column j < width of the tile.
-            unsafe {
-                let dst = c.add(r * ldc + j);
-                *dst = if accumulate { *dst + v } else { v };
-            }
-        }
-    }
 }
