@@ -118,6 +118,8 @@ fn train_and_report(which: Which, cfg: &TrainConfig, save: Option<PathBuf>) -> R
 }
 
 fn main() -> ExitCode {
+    // Before anything starts rayon's pool, so this thread becomes one of its workers.
+    rtx_core::parallel::join_pool_from_main();
     let cli = Cli::parse();
     let result = match cli.command {
         None => train_and_report(

@@ -12,7 +12,10 @@
 //! sleeping, as OpenMP runtimes spin between parallel regions. Small calls (a batch-1 forward
 //! pass) have no kernel that forks, so they stay where they are.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::Cell;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// Elements in the largest value of a call below which it runs on the caller's thread; the
 /// kernels' own threshold for splitting work is the same size.
@@ -23,8 +26,23 @@ const POOL_WORK: usize = 32 * 1024;
 /// pool thread.
 #[doc(hidden)]
 pub fn run<R: Send>(largest: usize, f: impl FnOnce() -> R + Send) -> R {
-    if largest < POOL_WORK || rayon::current_thread_index().is_some() {
+    if largest < POOL_WORK {
         return f();
+    }
+    join_pool_from_main();
+    if rayon::current_thread_index().is_some() {
+        if !TEAM_LEAD.with(Cell::get) || IN_CALL.with(|c| c.replace(true)) {
+            return f();
+        }
+        // The main thread is worker 0 of the pool: run here, with the other workers
+        // lingering (taking work as it appears) from now until `LINGER` after the call.
+        let _leave = LeaveCall;
+        IN_CALL_ON_MAIN.store(true, Ordering::Release);
+        touch();
+        start_lingering();
+        let result = f();
+        touch();
+        return result;
     }
     let done = AtomicBool::new(false);
     rayon::scope(|_| {
@@ -42,6 +60,125 @@ pub fn run<R: Send>(largest: usize, f: impl FnOnce() -> R + Send) -> R {
         result
     })
 }
+
+thread_local! {
+    /// Whether this thread is the main thread and worker 0 of the global pool.
+    static TEAM_LEAD: Cell<bool> = const { Cell::new(false) };
+    /// Whether a `run` is in progress on this thread (nested calls run inline).
+    static IN_CALL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Clears `IN_CALL` when dropped, also if the call unwinds.
+struct LeaveCall;
+
+impl Drop for LeaveCall {
+    fn drop(&mut self) {
+        IN_CALL.with(|c| c.set(false));
+        IN_CALL_ON_MAIN.store(false, Ordering::Release);
+    }
+}
+
+/// Makes the program's main thread worker 0 of rayon's global pool, as OpenMP makes the
+/// master thread a member of the team, if the pool does not exist yet: then a call from it
+/// runs where it is, with no hand-off to a worker and no wake-up of the caller when it is
+/// done (each costs tens of microseconds on these VMs, more than the kernels of a small
+/// training step). Only the thread named `main`: a pool member that exits (a test's thread,
+/// a request handler) would leave its part of the pool unserved. When something built the
+/// pool first, calls hand off as before. Every large `run` tries it; a program that uses
+/// rayon itself before its first compiled call should call this first thing in `main`.
+pub fn join_pool_from_main() {
+    static TRIED: std::sync::Once = std::sync::Once::new();
+    if std::thread::current().name() != Some("main") {
+        return;
+    }
+    TRIED.call_once(|| {
+        let built = rayon::ThreadPoolBuilder::new()
+            .use_current_thread()
+            .build_global()
+            .is_ok();
+        TEAM_LEAD.with(|t| t.set(built));
+    });
+}
+
+/// How long the other workers keep taking work after a call from the main thread before
+/// they sleep: a training loop calls again within milliseconds (OpenMP runtimes spin for
+/// 0.2 ms to 200 ms between parallel regions).
+const LINGER: Duration = Duration::from_millis(5);
+
+/// Workers now in `linger`.
+static LINGERING: AtomicUsize = AtomicUsize::new(0);
+/// Whether lingering workers were asked for and have not all started.
+static STARTING: AtomicBool = AtomicBool::new(false);
+/// Nanoseconds since `EPOCH` of the latest start or end of a call from the main thread.
+static LAST_CALL: AtomicU64 = AtomicU64::new(0);
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+fn now_ns() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+fn touch() {
+    LAST_CALL.store(now_ns(), Ordering::Release);
+}
+
+/// Asks every other worker to linger unless they do (or are about to). `rayon::spawn` boxes
+/// its job, so this allocates only when the workers had stopped after `LINGER` without calls.
+fn start_lingering() {
+    let others = rayon::current_num_threads().saturating_sub(1);
+    if LINGERING.load(Ordering::Acquire) >= others || STARTING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    for _ in LINGERING.load(Ordering::Acquire)..others {
+        rayon::spawn(linger);
+    }
+}
+
+thread_local! {
+    static IN_LINGER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Takes the pool's work as it appears until `LINGER` has passed since the last call, as
+/// `stay_awake` does within one call.
+fn linger() {
+    STARTING.store(false, Ordering::Release);
+    // The main thread may pop this job itself while it waits inside a call; a worker already
+    // lingering may pick it up while polling. Neither should start another loop.
+    if TEAM_LEAD.with(Cell::get) || IN_LINGER.with(|l| l.replace(true)) {
+        return;
+    }
+    LINGERING.fetch_add(1, Ordering::AcqRel);
+    let linger_ns = LINGER.as_nanos() as u64;
+    let mut idle = 0u32;
+    loop {
+        if rayon::yield_now() == Some(rayon::Yield::Executed) {
+            idle = 0;
+            continue;
+        }
+        idle += 1;
+        if !idle.is_multiple_of(64) {
+            for _ in 0..8 {
+                std::hint::spin_loop();
+            }
+            continue;
+        }
+        let call_running = IN_CALL_ON_MAIN.load(Ordering::Acquire);
+        if !call_running && now_ns().saturating_sub(LAST_CALL.load(Ordering::Acquire)) > linger_ns {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    LINGERING.fetch_sub(1, Ordering::AcqRel);
+    IN_LINGER.with(|l| l.set(false));
+}
+
+/// How many workers are lingering now (for tests).
+#[doc(hidden)]
+pub fn lingering_workers() -> usize {
+    LINGERING.load(Ordering::Acquire)
+}
+
+/// Whether the main thread is inside a call (a long call keeps the workers lingering).
+static IN_CALL_ON_MAIN: AtomicBool = AtomicBool::new(false);
 
 /// Sets the flag when dropped.
 struct SetOnDrop<'a>(&'a AtomicBool);
