@@ -280,8 +280,10 @@ fn row_map(i: &Instr, wide: bool) -> TokenStream {
 }
 
 /// A row group: one closure per row. Row scalars are computed once; each reduction is one
-/// pass over the row that recomputes the wide values before it (cheaper than storing them);
-/// a last pass writes the wide outputs.
+/// pass over the row that recomputes the wide values before it (cheaper than storing them),
+/// except that a wide output is written by the first pass that computes it and read back
+/// by later passes (an exp computed once, not once per pass); a last pass writes the wide
+/// outputs not written yet.
 fn rows(
     ir: &GraphFn,
     shape_of: NodeId,
@@ -291,15 +293,49 @@ fn rows(
 ) -> TokenStream {
     let wide_shape = &ir.graph.node(shape_of).shape;
     let is_wide = |id: NodeId| &ir.graph.node(id).shape == wide_shape;
+    let wide_output = |id: NodeId| {
+        outputs
+            .iter()
+            .position(|&o| o == id)
+            .filter(|_| is_wide(id))
+    };
     let mut stmts = TokenStream::new();
-    let mut wide_stmts: Vec<TokenStream> = Vec::new();
+    // The wide values in order, and which of them an earlier pass stored in an output.
+    let mut wide_instrs: Vec<(NodeId, TokenStream)> = Vec::new();
+    let mut stored: Vec<NodeId> = Vec::new();
+    // The body of a pass over the row: each wide value computed, or read back where stored,
+    // and (`store`) the wide outputs not stored yet written; returns the nodes it stored.
+    let pass = |wide_instrs: &[(NodeId, TokenStream)], stored: &[NodeId], store: bool| {
+        let mut body = TokenStream::new();
+        let mut newly = Vec::new();
+        for (node, compute) in wide_instrs {
+            match wide_output(*node) {
+                Some(m) if stored.contains(node) => {
+                    let (t, dst) = (format_ident!("__t{}", node), format_ident!("__o{}", m));
+                    body.extend(quote!(let #t: f32 = #dst[__j];));
+                }
+                Some(m) if store => {
+                    let (t, dst) = (format_ident!("__t{}", node), format_ident!("__o{}", m));
+                    body.extend(compute.clone());
+                    body.extend(quote!(#dst[__j] = #t;));
+                    newly.push(*node);
+                }
+                _ => body.extend(compute.clone()),
+            }
+        }
+        (body, newly)
+    };
     for step in body {
         match step {
-            RowInstr::Map { instr, wide: true } => wide_stmts.push(row_map(instr, true)),
+            RowInstr::Map { instr, wide: true } => {
+                wide_instrs.push((instr.node, row_map(instr, true)));
+            }
             RowInstr::Map { instr, wide: false } => stmts.extend(row_map(instr, false)),
             RowInstr::Reduce { node, op, arg } => {
                 let t = format_ident!("__t{}", node);
                 let arg = row_operand(arg, true);
+                let (wide_stmts, newly) = pass(&wide_instrs, &stored, true);
+                stored.extend(newly);
                 stmts.extend(match op {
                     RowReduce::Sum | RowReduce::Mean => {
                         let finish = if *op == RowReduce::Mean {
@@ -311,7 +347,7 @@ fn rows(
                             let #t = {
                                 let mut __acc = 0f64;
                                 for __j in 0..__cols {
-                                    #(#wide_stmts)*
+                                    #wide_stmts
                                     __acc += #arg as f64;
                                 }
                                 #finish
@@ -322,7 +358,7 @@ fn rows(
                         let #t = {
                             let mut __acc = ::core::primitive::f32::NEG_INFINITY;
                             for __j in 0..__cols {
-                                #(#wide_stmts)*
+                                #wide_stmts
                                 __acc = ::rtx_core::fused::scalar::max_acc(__acc, #arg);
                             }
                             __acc
@@ -337,16 +373,19 @@ fn rows(
     for (m, &o) in outputs.iter().enumerate() {
         let dst = format_ident!("__o{}", m);
         let t = format_ident!("__t{}", o);
-        if is_wide(o) {
-            wide_writes.extend(quote!(#dst[__j] = #t;));
-        } else {
+        if !is_wide(o) {
             scalar_writes.extend(quote!(#dst[0] = #t;));
+        } else if !stored.contains(&o) && !wide_instrs.iter().any(|(n, _)| *n == o) {
+            // A wide output that is not a wide instruction here (an input passed through).
+            wide_writes.extend(quote!(#dst[__j] = #t;));
         }
     }
-    if !wide_writes.is_empty() {
+    let unwritten = outputs.iter().any(|&o| is_wide(o) && !stored.contains(&o));
+    if unwritten {
+        let (wide_stmts, _) = pass(&wide_instrs, &stored, true);
         stmts.extend(quote! {
             for __j in 0..__cols {
-                #(#wide_stmts)*
+                #wide_stmts
                 #wide_writes
             }
         });
