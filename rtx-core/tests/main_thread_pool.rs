@@ -31,7 +31,7 @@ fn a_call_returns_its_result_and_its_parallel_work_completes() {
 }
 
 fn nested_calls_run_inline() {
-    let inner = run(usize::MAX, || run(usize::MAX, || rayon::current_thread_index()));
+    let inner = run(usize::MAX, || run(usize::MAX, rayon::current_thread_index));
     assert_eq!(inner, Some(0));
 }
 
@@ -57,7 +57,10 @@ fn the_workers_stop_lingering_once_calls_stop() {
     let deadline = Instant::now() + Duration::from_secs(5);
     while lingering_workers() < others {
         run(usize::MAX, || ());
-        assert!(Instant::now() < deadline, "the workers never started lingering");
+        assert!(
+            Instant::now() < deadline,
+            "the workers never started lingering"
+        );
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while lingering_workers() > 0 {
