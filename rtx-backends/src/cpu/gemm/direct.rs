@@ -162,3 +162,75 @@ fn dot(x: &[f32], y: &[f32]) -> f32 {
     ];
     (quads[0] + quads[2]) + (quads[1] + quads[3])
 }
+
+/// C [m, n] = A [m, k] B [k, n] for at most 16 columns with AVX-512, A's rows contiguous
+/// along K: B in one `k x 16` panel, then 14 rows of A at a time straight from A (packing A
+/// would touch every value of it for only `n` multiply-adds each). Blocks of 14 rows are
+/// split across threads; each sums its K slices in order, as the packed path does, so the
+/// result does not depend on the thread count.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn multiply_narrow(a: MatrixView, b: MatrixView, m: usize, k: usize, c: &mut [f32]) {
+    use super::kernels::{avx512_14x16, avx512_14x16_rows};
+    const MR: usize = 14;
+    const WIDTH: usize = 16;
+    let n = c.len() / m.max(1);
+    debug_assert!(n <= WIDTH && a.col_stride == 1 && super::supported(GemmKernel::Avx512));
+    with_scratch(&super::PACKED_B, k * WIDTH, 0, |panel| {
+        super::pack::pack_b_panel(b, k, n, WIDTH, 0, panel);
+        let panel = &*panel;
+        let block = |index: usize, c_block: &mut [f32]| {
+            let (row0, height) = (index * MR, c_block.len() / n);
+            let mut tile = [0.0f32; MR * WIDTH];
+            let mut tail = [0.0f32; MR * KC];
+            for k0 in (0..k).step_by(KC) {
+                let kc = KC.min(k - k0);
+                let b_slice = &panel[k0 * WIDTH..][..kc * WIDTH];
+                let first = a.offset + row0 * a.row_stride + k0;
+                if height == MR {
+                    // The last row read is `first + 13 * row_stride + kc - 1`.
+                    let _ = &a.data[first..=first + (MR - 1) * a.row_stride + kc - 1];
+                    // SAFETY: the 14 rows of `kc` values lie in `a.data` (checked just above),
+                    // the panel holds `kc * 16`, `tile` is 14 x 16, and AVX-512F is present
+                    // (the caller's choice of kernel).
+                    unsafe {
+                        avx512_14x16_rows(
+                            kc,
+                            a.data.as_ptr().add(first),
+                            a.row_stride,
+                            b_slice.as_ptr(),
+                            tile.as_mut_ptr(),
+                            WIDTH,
+                            k0 > 0,
+                        )
+                    };
+                } else {
+                    let packed = &mut tail[..kc * MR];
+                    super::pack::pack_a(a, row0, height, k0, kc, MR, packed);
+                    // SAFETY: as above, with A packed (zero past `height`).
+                    unsafe {
+                        avx512_14x16(
+                            kc,
+                            packed.as_ptr(),
+                            b_slice.as_ptr(),
+                            tile.as_mut_ptr(),
+                            WIDTH,
+                            k0 > 0,
+                        )
+                    };
+                }
+            }
+            for (c_row, tile_row) in c_block.chunks_exact_mut(n).zip(tile.chunks_exact(WIDTH)) {
+                c_row.copy_from_slice(&tile_row[..n]);
+            }
+        };
+        if m * n * k >= PARALLEL_WORK && m > MR {
+            c.par_chunks_mut(MR * n)
+                .enumerate()
+                .for_each(|(i, c_block)| block(i, c_block));
+        } else {
+            c.chunks_mut(MR * n)
+                .enumerate()
+                .for_each(|(i, c_block)| block(i, c_block));
+        }
+    });
+}

@@ -185,3 +185,86 @@ pub(super) unsafe fn neon_8x12(
         }
     }
 }
+
+/// 14 x 16 with AVX-512: one `zmm` accumulator per row, for products of at most 16 columns
+/// (a classifier head's 10 logits), where the 14 x 32 tile would be two thirds padding.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn avx512_14x16(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    use std::arch::x86_64::*;
+    const MR: usize = 14;
+    let mut acc = [_mm512_setzero_ps(); MR];
+    for p in 0..kc {
+        // SAFETY (whole block): the caller guarantees `kc * 16` values of B and `kc * 14` of A.
+        unsafe {
+            let b0 = _mm512_loadu_ps(b.add(p * 16));
+            for (r, acc_row) in acc.iter_mut().enumerate() {
+                let a_value = _mm512_set1_ps(*a.add(p * MR + r));
+                *acc_row = _mm512_fmadd_ps(a_value, b0, *acc_row);
+            }
+        }
+    }
+    for (r, &v) in acc.iter().enumerate() {
+        // SAFETY: the caller guarantees `c` covers the 14 x 16 tile at stride `ldc`.
+        unsafe {
+            let dst = c.add(r * ldc);
+            let v = if accumulate {
+                _mm512_add_ps(_mm512_loadu_ps(dst), v)
+            } else {
+                v
+            };
+            _mm512_storeu_ps(dst, v);
+        }
+    }
+}
+
+/// `avx512_14x16` reading A in place: row `r` of the tile is `a + r * lda`, contiguous along
+/// K. For products so narrow that packing A would cost more than multiplying it.
+///
+/// # Safety
+/// Rows `a + r * lda` for `r < 14` hold `kc` values each, `b` holds `kc * 16`, `c` covers
+/// the tile, and the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn avx512_14x16_rows(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    use std::arch::x86_64::*;
+    const MR: usize = 14;
+    let mut acc = [_mm512_setzero_ps(); MR];
+    for p in 0..kc {
+        // SAFETY (whole block): the caller's guarantees.
+        unsafe {
+            let b0 = _mm512_loadu_ps(b.add(p * 16));
+            for (r, acc_row) in acc.iter_mut().enumerate() {
+                let a_value = _mm512_set1_ps(*a.add(r * lda + p));
+                *acc_row = _mm512_fmadd_ps(a_value, b0, *acc_row);
+            }
+        }
+    }
+    for (r, &v) in acc.iter().enumerate() {
+        // SAFETY: the caller guarantees `c` covers the 14 x 16 tile at stride `ldc`.
+        unsafe {
+            let dst = c.add(r * ldc);
+            let v = if accumulate {
+                _mm512_add_ps(_mm512_loadu_ps(dst), v)
+            } else {
+                v
+            };
+            _mm512_storeu_ps(dst, v);
+        }
+    }
+}

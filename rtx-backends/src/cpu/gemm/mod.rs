@@ -122,6 +122,15 @@ impl GemmKernel {
             _ => (4, 8, kernels::portable::<4, 8>),
         }
     }
+
+    /// `spec` for a product of `n` columns: AVX-512 takes a 14 x 16 tile for `n <= 16`.
+    fn spec_for(self, n: usize) -> (usize, usize, MicroKernel) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            GemmKernel::Avx512 if n <= 16 => (14, 16, kernels::avx512_14x16),
+            _ => self.spec(),
+        }
+    }
 }
 
 /// Whether this CPU can run `kernel` (std caches the feature detection).
@@ -394,6 +403,15 @@ fn gemm(
     if m <= DIRECT_ROWS {
         for (batch, c) in out.chunks_mut(m * n).enumerate() {
             direct::multiply_direct(a_view(batch), b_view(batch), m, k, c);
+        }
+        finish_rows(&mut out);
+        return out;
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    if n <= 16 && kernel == GemmKernel::Avx512 && la.strides[rank_a - 1] == 1 {
+        for (batch, c) in out.chunks_mut(m * n).enumerate() {
+            direct::multiply_narrow(a_view(batch), b_view(batch), m, k, c);
         }
         finish_rows(&mut out);
         return out;

@@ -45,7 +45,7 @@ pub(super) fn packed<'b, A: PackA>(
         b_shared,
         costly_a,
     } = sizes;
-    let (mr, nr, micro) = kernel.spec();
+    let (mr, nr, micro) = kernel.spec_for(n);
     let parallel = (batches * m * n).saturating_mul(k) >= PARALLEL_WORK;
     // A B shared by every batch (a weight) is packed once.
     let b_count = if b_shared { 1 } else { batches };
