@@ -121,16 +121,20 @@ fn touch() {
     LAST_CALL.store(now_ns(), Ordering::Release);
 }
 
-/// Asks every other worker to linger unless they do (or are about to). `rayon::spawn` boxes
-/// its job, so this allocates only when the workers had stopped after `LINGER` without calls.
+/// Asks every other worker to linger unless they do (or are about to). A broadcast, not a
+/// spawn: a spawned job sits on the main thread's own queue, where the main thread may take
+/// it back itself and no worker starts lingering. `spawn_broadcast` allocates its job, so
+/// this allocates only when the workers had stopped after `LINGER` without calls.
 fn start_lingering() {
     let others = rayon::current_num_threads().saturating_sub(1);
     if LINGERING.load(Ordering::Acquire) >= others || STARTING.swap(true, Ordering::AcqRel) {
         return;
     }
-    for _ in LINGERING.load(Ordering::Acquire)..others {
-        rayon::spawn(linger);
-    }
+    rayon::spawn_broadcast(|context| {
+        if context.index() != 0 {
+            linger();
+        }
+    });
 }
 
 thread_local! {
@@ -140,13 +144,14 @@ thread_local! {
 /// Takes the pool's work as it appears until `LINGER` has passed since the last call, as
 /// `stay_awake` does within one call.
 fn linger() {
-    STARTING.store(false, Ordering::Release);
-    // The main thread may pop this job itself while it waits inside a call; a worker already
-    // lingering may pick it up while polling. Neither should start another loop.
+    // A worker already lingering may pick up a second request while polling.
     if TEAM_LEAD.with(Cell::get) || IN_LINGER.with(|l| l.replace(true)) {
         return;
     }
-    LINGERING.fetch_add(1, Ordering::AcqRel);
+    let others = rayon::current_num_threads().saturating_sub(1);
+    if LINGERING.fetch_add(1, Ordering::AcqRel) + 1 >= others {
+        STARTING.store(false, Ordering::Release);
+    }
     let linger_ns = LINGER.as_nanos() as u64;
     let mut idle = 0u32;
     loop {
