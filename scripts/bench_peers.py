@@ -65,6 +65,7 @@ GROUPS = [
     ["elementwise_chain", "copy"],
     ["gemm"],
     ["gemm_bf16"],
+    ["gemm_f16"],
     ["gemm_shape"],
 ]
 
@@ -320,6 +321,18 @@ class TorchPeer:
             r = measure(PLANS[n], lambda: torch.matmul(a, b))
             r["gflops"] = gflops(n, r["median_us"])
             out[("gemm_bf16", f"n={n}")] = r
+        return out
+
+    def gemm_f16(self):
+        # f16 operands; torch returns f16.
+        torch = self.torch
+        out = {}
+        for n in GEMM_SIZES:
+            a = torch.randn(n, n).to(torch.float16)
+            b = torch.randn(n, n).to(torch.float16)
+            r = measure(PLANS[n], lambda: torch.matmul(a, b))
+            r["gflops"] = gflops(n, r["median_us"])
+            out[("gemm_f16", f"n={n}")] = r
         return out
 
 

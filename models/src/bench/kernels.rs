@@ -280,3 +280,41 @@ pub(super) fn gemm_bf16() -> Result<()> {
     }
     Ok(())
 }
+
+/// f16 operands, f32 accumulation and results (`cpu::matmul_f16`: widened with F16C, then the
+/// f32 GEMM), at the sizes of `gemm`.
+pub(super) fn gemm_f16() -> Result<()> {
+    use half::f16;
+    use rtx_backends::{Layout, cpu};
+    let sizes: [(usize, Plan); 4] = [
+        (256, Plan::new(10, 200, 2_000)),
+        (512, Plan::new(3, 60, 2_500)),
+        (1024, Plan::new(2, 20, 3_000)),
+        (2048, Plan::new(1, 5, 4_000)),
+    ];
+    for (n, plan) in sizes {
+        let mut rng = Rng::new(50 + n as u64);
+        let mut half_vec = || -> Vec<f16> {
+            normal_vec(&mut rng, n * n)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect()
+        };
+        let (a, b) = (half_vec(), half_vec());
+        let l = Layout::contiguous(&[n, n]);
+        let timing = measure(plan, || {
+            let (out, _) = cpu::matmul_f16(&a, &l, &b, &l)?;
+            rtx_backends::pool::give_back(black_box(out));
+            Ok(())
+        })?;
+        let gflops = 2.0 * (n as f64).powi(3) / (timing.median_us() * 1e-6) / 1e9;
+        println!(
+            "{}",
+            Line::new("gemm_f16")
+                .field("n", n)
+                .timing(&timing)
+                .field("gflops", format!("{gflops:.1}"))
+        );
+    }
+    Ok(())
+}

@@ -11,7 +11,7 @@
 mod kernels;
 mod steps;
 
-use kernels::{cnn_layers, elementwise_chain, gemm, gemm_bf16, gemm_shapes};
+use kernels::{cnn_layers, elementwise_chain, gemm, gemm_bf16, gemm_f16, gemm_shapes};
 use rtx_core::prelude::*;
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -171,6 +171,10 @@ const GROUPS: &[Group] = &[
     Group {
         names: &["gemm_bf16"],
         run: gemm_bf16,
+    },
+    Group {
+        names: &["gemm_f16"],
+        run: gemm_f16,
     },
     Group {
         names: &["gemm_shape"],

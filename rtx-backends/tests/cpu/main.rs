@@ -10,6 +10,7 @@ mod fused;
 mod index;
 mod matmul;
 mod matmul_bf16;
+mod matmul_f16;
 mod pool;
 mod random;
 mod reduce;

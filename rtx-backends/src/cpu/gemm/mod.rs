@@ -16,12 +16,13 @@
 // the packed path (`packed`, `Block`, `tile`); `implicit.rs` products whose B is built per
 // block; `blocking.rs` how a product is split into tasks; `epilogue.rs` `matmul_fused`;
 // `scratch.rs` the packing buffers; `pack.rs` packing; `kernels.rs` micro-kernels;
-// `direct.rs` the unpacked paths; `bf16.rs`.
+// `direct.rs` the unpacked paths; `bf16.rs` and `f16.rs` the half-precision operands.
 
 pub(crate) mod bf16;
 mod blocking;
 mod direct;
 mod epilogue;
+pub(crate) mod f16;
 mod implicit;
 mod kernels;
 mod pack;
