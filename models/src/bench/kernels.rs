@@ -245,7 +245,7 @@ fn gemm_shapes_in_pool() -> Result<()> {
 pub(super) fn gemm_bf16() -> Result<()> {
     use half::bf16;
     use rtx_backends::{Layout, cpu};
-    let kernel = cpu::bf16_kernels().last().copied();
+    let kernel = cpu::bf16_kernel();
     let sizes: [(usize, Plan); 4] = [
         (256, Plan::new(10, 200, 2_000)),
         (512, Plan::new(3, 60, 2_500)),
