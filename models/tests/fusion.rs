@@ -165,6 +165,46 @@ fn mlp_step_runs_bias_relu_and_the_relu_gradient_as_matmul_epilogues() {
 }
 
 #[test]
+fn mlp_step_sums_each_bias_gradient_inside_its_weight_gradients_gemm() {
+    let ir = Mlp::graph().unwrap();
+    let f = ir.function("loss").unwrap();
+    let mut roots = vec![f.output];
+    roots.extend(f.grads.iter().filter_map(|g| g.grad));
+
+    let steps = plan(&f.graph, f.graph.len(), &roots);
+
+    // fc1 and fc2: dW = dY^T @ x with db = the column sums of dY, one GEMM each.
+    let paired: Vec<(usize, usize)> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::MatMulRowSums { matmul, sums } => Some((*matmul, *sums)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(paired.len(), 2, "{steps:?}");
+    let grad_of = |leaf: &str| {
+        let id = f
+            .graph
+            .nodes
+            .iter()
+            .position(|n| matches!(&n.op, Op::Param { name, .. } if name == leaf))
+            .unwrap();
+        f.grads
+            .iter()
+            .find(|g| g.leaf == id)
+            .and_then(|g| g.grad)
+            .unwrap()
+    };
+    for layer in ["fc1", "fc2"] {
+        let (dw, db) = (
+            grad_of(&format!("{layer}.weight")),
+            grad_of(&format!("{layer}.bias")),
+        );
+        assert!(paired.contains(&(dw, db)), "{layer}: {steps:?}");
+    }
+}
+
+#[test]
 fn a_wrong_shaped_parameter_is_an_error_naming_it() {
     // Weights are public fields and no kernel re-checks shapes: the entry check must catch it.
     let mut model = Pointwise::init(1);

@@ -182,6 +182,33 @@ where
     Ok(outs.map(|data| Tensor::from_kernel(data, shape)))
 }
 
+/// Runs `a @ b` (matrices) and sums each row of `a` in the same GEMM (a
+/// `Step::MatMulRowSums`: a weight gradient `x^T @ y` and the bias gradient, `x` summed over
+/// its first axis): `[product, sums]`, of shapes `product_shape` and `sums_shape` (`[M]` or
+/// `[1, M]`).
+#[doc(hidden)]
+pub fn matmul_row_sums(
+    a: &Tensor,
+    b: &Tensor,
+    product_shape: &[usize],
+    sums_shape: &[usize],
+) -> Result<[Tensor; 2]> {
+    let (da, la) = a.f32_parts("matmul with row sums")?;
+    let (db, lb) = b.f32_parts("matmul with row sums")?;
+    let (product, sums, shape) = cpu::matmul_row_sums(da, la, db, lb)?;
+    if shape[..] != *product_shape || sums.len() != sums_shape.iter().product::<usize>() {
+        return Err(RtxError::ShapeMismatch {
+            context: "matmul with row sums".into(),
+            expected: format!("{} and {}", fmt_dims(product_shape), fmt_dims(sums_shape)),
+            found: format!("{} and [{}]", fmt_dims(&shape), sums.len()),
+        });
+    }
+    Ok([
+        Tensor::from_kernel(product, product_shape),
+        Tensor::from_kernel(sums, sums_shape),
+    ])
+}
+
 /// Refuses a kernel input whose shape does not broadcast to `shape` (the layout it would be
 /// read through could not mean the input's values).
 fn need_broadcast(t: &Tensor, shape: &[usize], context: &str) -> Result<()> {

@@ -25,6 +25,7 @@ pub fn is_view(op: &Op) -> bool {
 pub fn step_outputs(step: &Step) -> Vec<NodeId> {
     match step {
         Step::Kernel(id) => vec![*id],
+        Step::MatMulRowSums { matmul, sums } => vec![*matmul, *sums],
         Step::Fused { outputs, .. }
         | Step::Rows { outputs, .. }
         | Step::MatMulEpilogue { outputs, .. } => outputs.clone(),
@@ -40,6 +41,11 @@ fn step_inputs(f: &GraphFn, step: &Step) -> Vec<NodeId> {
         Step::MatMulEpilogue { matmul, inputs, .. } => {
             let mut read = f.graph.node(*matmul).args.clone();
             read.extend(&inputs[1..]);
+            read
+        }
+        Step::MatMulRowSums { matmul, sums } => {
+            let mut read = f.graph.node(*matmul).args.clone();
+            read.extend(&f.graph.node(*sums).args);
             read
         }
     }

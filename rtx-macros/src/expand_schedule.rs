@@ -258,6 +258,17 @@ fn matmul_epilogue(
     )
 }
 
+/// A weight gradient and its bias gradient from one GEMM (`Step::MatMulRowSums`).
+fn matmul_row_sums(ir: &GraphFn, matmul: NodeId, sums: NodeId) -> TokenStream {
+    let args = &ir.graph.node(matmul).args;
+    let (a, b) = (node_ref(args[0]), node_ref(args[1]));
+    let (product_shape, sums_shape) = (shape_expr(ir, matmul), shape_expr(ir, sums));
+    bind_outputs(
+        &[matmul, sums],
+        quote!(::rtx_core::fused::matmul_row_sums(#a, #b, #product_shape, #sums_shape)),
+    )
+}
+
 /// An operand inside a row body: inputs are read at column `__j` in a pass over the row
 /// (`wide`), or at column 0 for a row scalar (their column stride is 0 there).
 fn row_operand(o: &Operand, wide: bool) -> TokenStream {
@@ -454,6 +465,17 @@ pub fn schedule(
                     tensor_needed[a] = true;
                 }
             }
+            Step::MatMulRowSums { matmul, sums } => {
+                for &a in ir
+                    .graph
+                    .node(*matmul)
+                    .args
+                    .iter()
+                    .chain(&ir.graph.node(*sums).args)
+                {
+                    tensor_needed[a] = true;
+                }
+            }
         }
     }
     for &r in roots {
@@ -496,6 +518,7 @@ pub fn schedule(
                 outputs,
                 ..
             } => matmul_epilogue(ir, *matmul, inputs, body, outputs),
+            Step::MatMulRowSums { matmul, sums } => matmul_row_sums(ir, *matmul, *sums),
         });
         for &v in dead.iter().filter(|&&v| Some(v) != donated) {
             let v = value(v);

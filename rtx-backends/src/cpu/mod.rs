@@ -44,7 +44,9 @@ pub use elementwise::{BinaryOp, UnaryOp, binary, broadcast_shape, unary};
 pub use fused::{map_fused, map_fused_in_place};
 pub use gemm::bf16::{Bf16Kernel, bf16_kernel, bf16_kernels, matmul_bf16, matmul_bf16_with};
 pub use gemm::f16::matmul_f16;
-pub use gemm::{GemmKernel, gemm_kernel, gemm_kernels, matmul, matmul_fused, matmul_with};
+pub use gemm::{
+    GemmKernel, gemm_kernel, gemm_kernels, matmul, matmul_fused, matmul_row_sums, matmul_with,
+};
 pub use index::{concat, gather_rows, pad_narrow, pick_last, pick_last_grad, scatter_add_rows};
 pub use pool::{avg_pool2d, avg_pool2d_grad, max_pool2d, max_pool2d_grad};
 pub use random::dropout_mask;

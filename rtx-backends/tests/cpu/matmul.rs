@@ -1,5 +1,5 @@
 use rtx_backends::Layout;
-use rtx_backends::cpu::{KernelError, gemm_kernels, matmul, matmul_with};
+use rtx_backends::cpu::{KernelError, gemm_kernels, matmul, matmul_row_sums, matmul_with};
 
 use crate::common::*;
 
@@ -508,4 +508,52 @@ fn matmul_fused_refuses_a_body_whose_arity_is_not_one_more_than_the_extras() {
     )
     .unwrap_err();
     assert!(matches!(err, KernelError::Argument { .. }), "{err}");
+}
+
+#[test]
+fn row_sums_come_with_the_product_on_every_path() {
+    // A weight gradient dY^T @ x with its bias gradient: A is a transposed view. Shapes
+    // reach the few-rows path, the narrow path, the packed path with K slices, and one whose
+    // tasks split the columns.
+    let mut rng = Rng::new(29);
+    for (m, k, n) in [
+        (3, 50, 40),
+        (128, 256, 10),
+        (128, 256, 64),
+        (100, 300, 1100),
+    ] {
+        let a_t = rng.vec(k * m);
+        let la = Layout::contiguous(&[k, m]).permute(&[1, 0]);
+        let (b, lb) = random_contiguous(&mut rng, &[k, n]);
+
+        let (product, sums, shape) = matmul_row_sums(&a_t, &la, &b, &lb).unwrap();
+
+        let (want_product, _) = matmul(&a_t, &la, &b, &lb).unwrap();
+        assert_eq!(shape.as_slice(), &[m, n]);
+        assert_eq!(product, want_product, "{m}x{k}x{n}: the product");
+        let a = read(&a_t, &la);
+        for (i, &s) in sums.iter().enumerate() {
+            // Summed in K order in f64, then rounded: the same bits as this loop.
+            let want = (0..k).map(|p| a[i * k + p] as f32 as f64).sum::<f64>() as f32;
+            assert_eq!(s, want, "{m}x{k}x{n}: row {i}");
+        }
+    }
+}
+
+#[test]
+fn row_sums_are_bit_identical_on_any_thread_count() {
+    let mut rng = Rng::new(30);
+    let (m, k, n) = (301, 530, 290);
+    let (a, b) = (rng.vec(m * k), rng.vec(k * n));
+    let (la, lb) = (Layout::contiguous(&[m, k]), Layout::contiguous(&[k, n]));
+    let on = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| matmul_row_sums(&a, &la, &b, &lb).unwrap().1)
+    };
+    let one = on(1);
+    assert_eq!(one, on(2));
+    assert_eq!(one, on(3));
 }

@@ -1,5 +1,7 @@
-//! Matmul epilogues: a pointwise group that is the only reader of a matmul of its shape runs
-//! inside the GEMM, on each finished block of the product (`Step::MatMulEpilogue`).
+//! Work done inside a GEMM: a pointwise group that is the only reader of a matmul of its
+//! shape runs on each finished block of the product (`Step::MatMulEpilogue`), and a bias
+//! gradient sums its rows while the weight gradient's GEMM packs them
+//! (`Step::MatMulRowSums`).
 
 use super::{Operand, Step};
 use crate::graph::{Graph, NodeId};
@@ -15,6 +17,7 @@ pub(super) fn fuse_epilogues(graph: &Graph, steps: Vec<Step>, roots: &[NodeId]) 
             Step::Fused { inputs, .. }
             | Step::Rows { inputs, .. }
             | Step::MatMulEpilogue { inputs, .. } => inputs,
+            Step::MatMulRowSums { .. } => &[],
         };
         for &a in read {
             readers[a] += 1;
@@ -77,4 +80,76 @@ pub(super) fn fuse_epilogues(graph: &Graph, steps: Vec<Step>, roots: &[NodeId]) 
         .collect();
     out.retain(|s| !matches!(s, Step::Kernel(id) if absorbed.contains(id)));
     out
+}
+
+/// Pairs each weight gradient `x^T @ y` (a `MatMul` kernel whose A is `Permute [1, 0]` of a
+/// 2-D f32 `x`) with a bias gradient `SumTo(x)` to `[N]` or `[1, N]` (a kernel step): one
+/// `Step::MatMulRowSums` where the later of the two was, provided no step between them
+/// reads the earlier one's result.
+pub(super) fn fuse_row_sums(graph: &Graph, mut steps: Vec<Step>) -> Vec<Step> {
+    let transposed_source = |mm: NodeId| -> Option<NodeId> {
+        let node = graph.node(mm);
+        if !matches!(node.op, Op::MatMul) || node.dtype != DType::F32 {
+            return None;
+        }
+        let a = graph.node(node.args[0]);
+        let x = *a.args.first()?;
+        let is_transpose = matches!(&a.op, Op::Permute { perm } if perm[..] == [1, 0]);
+        (is_transpose && graph.node(x).shape.len() == 2).then_some(x)
+    };
+    let column_sum_of = |s: NodeId| -> Option<NodeId> {
+        let node = graph.node(s);
+        if !matches!(node.op, Op::SumTo) || node.dtype != DType::F32 {
+            return None;
+        }
+        let x = node.args[0];
+        let columns = graph.node(x).shape.get(1)?;
+        let one = crate::dim::Dim::from(1usize);
+        let fits = node.shape[..] == [columns.clone()] || node.shape[..] == [one, columns.clone()];
+        (graph.node(x).shape.len() == 2 && fits).then_some(x)
+    };
+    let reads = |step: &Step, v: NodeId| -> bool {
+        match step {
+            Step::Kernel(id) => graph.node(*id).args.contains(&v),
+            Step::Fused { inputs, .. } | Step::Rows { inputs, .. } => inputs.contains(&v),
+            Step::MatMulEpilogue { matmul, inputs, .. } => {
+                graph.node(*matmul).args.contains(&v) || inputs.contains(&v)
+            }
+            Step::MatMulRowSums { matmul, sums } => {
+                graph.node(*matmul).args.contains(&v) || graph.node(*sums).args.contains(&v)
+            }
+        }
+    };
+    let mut i = 0;
+    while i < steps.len() {
+        let Step::Kernel(mm) = steps[i] else {
+            i += 1;
+            continue;
+        };
+        let Some(x) = transposed_source(mm) else {
+            i += 1;
+            continue;
+        };
+        let partner = steps
+            .iter()
+            .position(|s| matches!(s, Step::Kernel(id) if column_sum_of(*id) == Some(x)));
+        let Some(j) = partner else {
+            i += 1;
+            continue;
+        };
+        let Step::Kernel(sums) = steps[j] else {
+            i += 1;
+            continue;
+        };
+        let (first, last) = (i.min(j), i.max(j));
+        let earlier = if i < j { mm } else { sums };
+        if steps[first + 1..last].iter().any(|s| reads(s, earlier)) {
+            i += 1;
+            continue;
+        }
+        steps[last] = Step::MatMulRowSums { matmul: mm, sums };
+        steps.remove(first);
+        i = first;
+    }
+    steps
 }

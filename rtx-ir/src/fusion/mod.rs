@@ -164,6 +164,10 @@ pub enum Step {
         body: Vec<Instr>,
         outputs: Vec<NodeId>,
     },
+    /// A weight gradient `x^T @ y` (`matmul`, whose A is a transpose of the 2-D `x`) and a
+    /// bias gradient summing `x` over its first axis (`sums`, a `SumTo` to `[N]` or `[1, N]`)
+    /// in one GEMM: the sums are the rows of A, added up as the GEMM packs them.
+    MatMulRowSums { matmul: NodeId, sums: NodeId },
     /// A row group (see the module docs): `shape_of` has the wide shape; each output is wide
     /// or a row scalar (its shape tells which).
     Rows {
@@ -275,7 +279,8 @@ pub fn plan(graph: &Graph, upto: usize, roots: &[NodeId]) -> Vec<Step> {
             Some(_) => {}
         }
     }
-    fuse_epilogues(graph, steps, roots)
+    let steps = fuse_epilogues(graph, steps, roots);
+    epilogue::fuse_row_sums(graph, steps)
 }
 
 /// The operands of one group's instructions: the group's own members by node, scalar

@@ -234,3 +234,15 @@ pub(super) fn multiply_narrow(a: MatrixView, b: MatrixView, m: usize, k: usize, 
         }
     });
 }
+
+/// `sums[i]` = the sum of row `i` of A over its `k` columns, in column order, in f64, then
+/// rounded: as the packed path adds them while packing, so either gives the same bits.
+pub(super) fn sum_rows(a: MatrixView, k: usize, sums: &mut [f32]) {
+    for (i, s) in sums.iter_mut().enumerate() {
+        let mut acc = 0f64;
+        for p in 0..k {
+            acc += a.get(i, p) as f64;
+        }
+        *s = acc as f32;
+    }
+}

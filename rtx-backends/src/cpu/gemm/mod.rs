@@ -303,6 +303,7 @@ pub(crate) fn matmul_implicit<A: PackA>(
         batches: 1,
         b_shared: true,
         costly_a: true,
+        row_sums: None,
     };
     let a_of = |_| &a;
     packed(gemm_kernel(), sizes, &a_of, &b_view, None, &mut out);
@@ -313,6 +314,29 @@ impl<A: PackA> PackA for &A {
     fn pack(&self, row0: usize, rows: usize, k0: usize, kc: usize, mr: usize, dst: &mut [f32]) {
         (**self).pack(row0, rows, k0, kc, mr, dst);
     }
+}
+
+/// `a @ b` of two matrices (rank 2 each) and the sums of A's rows, `[m]`: a weight gradient
+/// `dY^T @ x` with its bias gradient, the column sums of dY, added up while the GEMM packs
+/// dY^T (K order, f64, then rounded; the same bits on every path and thread count).
+pub fn matmul_row_sums(
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+) -> KResult<(Vec<f32>, Vec<f32>, Dims)> {
+    const K: &str = "matmul_row_sums";
+    let product = Product::check(K, a.len(), la, b.len(), lb)?;
+    check::shapes(K, la.rank() == 2 && lb.rank() == 2, || {
+        format!(
+            "{:?} @ {:?}: both operands need rank 2",
+            &la.shape[..],
+            &lb.shape[..]
+        )
+    })?;
+    let mut sums = crate::pool::take(product.m);
+    let out = gemm_summing(gemm_kernel(), a, la, b, lb, &product, None, Some(&mut sums));
+    Ok((out, sums, product.out_shape))
 }
 
 /// The output pointer shared by the tasks; each task writes a disjoint block of C.
@@ -358,6 +382,23 @@ fn gemm(
     product: &Product,
     epilogue: Option<Epilogue<'_>>,
 ) -> Vec<f32> {
+    gemm_summing(kernel, a, la, b, lb, product, epilogue, None)
+}
+
+/// `gemm`, also writing each row's sum of A (over K, in K order, in f64, then rounded) to
+/// `row_sums` (`batches * m` values) when given: the packed path adds up the rows as it packs
+/// them, the other paths in a pass of their own, with the same bits.
+#[allow(clippy::too_many_arguments)]
+fn gemm_summing(
+    kernel: GemmKernel,
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+    product: &Product,
+    epilogue: Option<Epilogue<'_>>,
+    row_sums: Option<&mut [f32]>,
+) -> Vec<f32> {
     let kernel = if supported(kernel) {
         kernel
     } else {
@@ -380,13 +421,6 @@ fn gemm(
             }
         }
     };
-    if numel(out_shape) == 0 || k == 0 {
-        let mut out = crate::pool::take_zeroed(numel(out_shape));
-        finish_rows(&mut out);
-        return out;
-    }
-    // Every element is written: by the first K slice of its tile, or by the direct path.
-    let mut out = crate::pool::take(numel(out_shape));
     let a_batches = batch_layout(la, batch_shape);
     let b_batches = batch_layout(lb, batch_shape);
     let a_view = |batch| MatrixView {
@@ -401,11 +435,28 @@ fn gemm(
         row_stride: lb.strides[rank_b - 2],
         col_stride: lb.strides[rank_b - 1],
     };
+    // The row sums, by a pass of their own, where the packed path does not run.
+    let sum_rows_apart = |row_sums: Option<&mut [f32]>| {
+        if let Some(sums) = row_sums {
+            for (batch, sums) in sums.chunks_mut(m.max(1)).enumerate().take(batches) {
+                direct::sum_rows(a_view(batch), k, sums);
+            }
+        }
+    };
+    if numel(out_shape) == 0 || k == 0 {
+        let mut out = crate::pool::take_zeroed(numel(out_shape));
+        finish_rows(&mut out);
+        sum_rows_apart(row_sums);
+        return out;
+    }
+    // Every element is written: by the first K slice of its tile, or by the direct path.
+    let mut out = crate::pool::take(numel(out_shape));
     if m <= DIRECT_ROWS {
         for (batch, c) in out.chunks_mut(m * n).enumerate() {
             direct::multiply_direct(a_view(batch), b_view(batch), m, k, c);
         }
         finish_rows(&mut out);
+        sum_rows_apart(row_sums);
         return out;
     }
 
@@ -415,6 +466,7 @@ fn gemm(
             direct::multiply_narrow(a_view(batch), b_view(batch), m, k, c);
         }
         finish_rows(&mut out);
+        sum_rows_apart(row_sums);
         return out;
     }
 
@@ -423,6 +475,7 @@ fn gemm(
             direct::multiply_dots(kernel, a_view(batch), b_view(batch), m, k, c);
         }
         finish_rows(&mut out);
+        sum_rows_apart(row_sums);
         return out;
     }
 
@@ -436,6 +489,7 @@ fn gemm(
             batches,
             b_shared,
             costly_a: false,
+            row_sums: row_sums.map(|sums| OutPtr(sums.as_mut_ptr())),
         },
         &a_view,
         &b_view,

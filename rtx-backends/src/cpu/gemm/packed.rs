@@ -24,6 +24,8 @@ pub(super) struct PackedProduct {
     /// Whether packing A costs more than reading a matrix (an implicit A, built from an
     /// image): then tasks never split columns, which would build each block of A again.
     pub(super) costly_a: bool,
+    /// Where each row's sum of A goes (`batches * m` values), added up as A is packed.
+    pub(super) row_sums: Option<OutPtr>,
 }
 
 /// The packed path: B packed once into column panels, then tasks over blocks of C, each
@@ -44,6 +46,7 @@ pub(super) fn packed<'b, A: PackA>(
         batches,
         b_shared,
         costly_a,
+        row_sums,
     } = sizes;
     let (mr, nr, micro) = kernel.spec_for(n);
     let parallel = (batches * m * n).saturating_mul(k) >= PARALLEL_WORK;
@@ -69,7 +72,9 @@ pub(super) fn packed<'b, A: PackA>(
     // A once up front instead (unless A is built from an image, or too large to keep).
     let a_panels = m.div_ceil(mr);
     let a_len = a_panels * mr * k;
-    let share_a = col_blocks > 1 && !costly_a && batches * a_len <= SHARED_A_MAX;
+    // (Row sums are added up while a task packs its block.)
+    let share_a =
+        col_blocks > 1 && !costly_a && row_sums.is_none() && batches * a_len <= SHARED_A_MAX;
 
     let c = OutPtr(out.as_mut_ptr());
     // Packed B comes from the shared buffer cache, not this thread's scratch: a call from
@@ -119,6 +124,11 @@ pub(super) fn packed<'b, A: PackA>(
                     epilogue,
                     a: &a,
                     shared_a: share_a.then(|| (&shared_a[batch * a_len..][..a_len], a_panels)),
+                    // The first column block of each row block adds up its rows.
+                    // SAFETY: `batch * m` is inside the `batches * m` sums.
+                    row_sums: row_sums
+                        .filter(|_| col0 == 0)
+                        .map(|p| OutPtr(unsafe { p.get().add(batch * m) })),
                     packed_b: &packed_b[if b_shared { 0 } else { batch * b_len }..][..b_len],
                     // SAFETY: `batch * m * n` is inside `out`, which holds `batches * m * n`.
                     c: unsafe { c.get().add(batch * m * n) },
@@ -149,6 +159,8 @@ struct Block<'a> {
     batch: usize,
     epilogue: Option<Epilogue<'a>>,
     a: &'a dyn PackA,
+    /// Where this batch's row sums go, when this task adds up its rows.
+    row_sums: Option<OutPtr>,
     /// All of this batch's A, already packed (K slice by K slice, every row panel), and its
     /// row-panel count; `None` when the task packs its own block.
     shared_a: Option<(&'a [f32], usize)>,
@@ -177,6 +189,8 @@ impl Block<'_> {
         } else {
             row_panels * KC.min(k) * mr
         };
+        // Per row of this block: its sum so far, in K order.
+        let mut sums = [0f64; MAX_BLOCK_ROWS];
         with_packed_a(packed_len, |buffer| {
             for k0 in (0..k).step_by(KC) {
                 let kc = KC.min(k - k0);
@@ -191,6 +205,9 @@ impl Block<'_> {
                         dst
                     }
                 };
+                if self.row_sums.is_some() {
+                    add_rows(packed_a, kc, mr, &mut sums[..row_panels * mr]);
+                }
                 for col_panel in col0 / nr..(col0 + cols).div_ceil(nr) {
                     let j0 = col_panel * nr;
                     let width = nr.min(n - j0);
@@ -208,6 +225,13 @@ impl Block<'_> {
                 }
             }
         });
+        if let Some(out) = self.row_sums {
+            for (r, &sum) in sums[..rows].iter().enumerate() {
+                // SAFETY: rows row0..row0 + rows of this batch's sums belong to this task
+                // (the first column block of its row block).
+                unsafe { *out.get().add(row0 + r) = sum as f32 };
+            }
+        }
         // The block is final and still in L2: run the epilogue over each of its rows.
         if let Some(epilogue) = self.epilogue {
             for r in 0..rows {
@@ -301,6 +325,24 @@ pub(crate) unsafe fn tile(
             unsafe {
                 let dst = c.add(r * ldc + j);
                 *dst = if accumulate { *dst + v } else { v };
+            }
+        }
+    }
+}
+
+/// Most rows of one task's block: `MAX_ROW_PANELS` panels of the tallest kernel.
+const MAX_BLOCK_ROWS: usize = super::MAX_ROW_PANELS * 14;
+
+/// Adds each row of a packed A block (row panels `mr` tall, `kc` columns, k-major) to `sums`
+/// (one per row of the block), column by column.
+fn add_rows(packed_a: &[f32], kc: usize, mr: usize, sums: &mut [f64]) {
+    for (panel, panel_sums) in packed_a
+        .chunks_exact(kc * mr)
+        .zip(sums.chunks_exact_mut(mr))
+    {
+        for column in panel.chunks_exact(mr) {
+            for (s, &v) in panel_sums.iter_mut().zip(column) {
+                *s += v as f64;
             }
         }
     }
