@@ -2,7 +2,7 @@
 //! depends on how the work was split across threads.
 
 use super::check::{self, KResult};
-use super::strided::for_each_chunk;
+use rayon::prelude::*;
 
 const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -21,6 +21,9 @@ fn uniform(key: u64, index: u64) -> f32 {
     (bits >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
 }
 
+/// Elements per parallel piece of a dropout mask.
+const MASK_PIECE: usize = 4 * 1024;
+
 /// Dropout mask of `numel` elements: 0.0 with probability p, else 1/(1-p). Counter-based (e.g. splitmix64 or Philox-like hash of (seed, index)) so the result depends only on (seed, numel, p), never on thread count. p == 0 gives all ones; p must be finite and in [0, 1).
 pub fn dropout_mask(numel: usize, p: f32, seed: u64) -> KResult<Vec<f32>> {
     check::argument(
@@ -35,9 +38,17 @@ pub fn dropout_mask(numel: usize, p: f32, seed: u64) -> KResult<Vec<f32>> {
     let keep_scale = 1.0 / (1.0 - p);
     let mut mask = crate::pool::take(numel);
     let fill = fill_for_cpu();
-    for_each_chunk(&mut mask, |start, piece| {
-        fill(key, start, p, keep_scale, piece)
-    });
+    // Hashing costs a few cycles per element, ten times a copy: split from `MASK_PIECE`
+    // elements up, not from the elementwise kernels' threshold. Pieces of a fixed size, so
+    // the split never depends on the thread count (nor would the values: element i is a
+    // function of i).
+    if mask.len() <= MASK_PIECE {
+        fill(key, 0, p, keep_scale, &mut mask);
+    } else {
+        mask.par_chunks_mut(MASK_PIECE)
+            .enumerate()
+            .for_each(|(i, piece)| fill(key, i * MASK_PIECE, p, keep_scale, piece));
+    }
     Ok(mask)
 }
 
