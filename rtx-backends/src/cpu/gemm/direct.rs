@@ -175,7 +175,10 @@ pub(super) fn multiply_narrow(a: MatrixView, b: MatrixView, m: usize, k: usize, 
     const WIDTH: usize = 16;
     let n = c.len() / m.max(1);
     debug_assert!(n <= WIDTH && a.col_stride == 1 && super::supported(GemmKernel::Avx512));
-    with_scratch(&super::PACKED_B, k * WIDTH, 0, |panel| {
+    // The panel comes from the shared buffer cache, not this thread's scratch: whichever
+    // worker drives the call varies from step to step, and a per-thread buffer would first
+    // grow on each of them at some later step.
+    super::with_cached_scratch(k * WIDTH, |panel| {
         super::pack::pack_b_panel(b, k, n, WIDTH, 0, panel);
         let panel = &*panel;
         let block = |index: usize, c_block: &mut [f32]| {

@@ -34,7 +34,7 @@ pub use epilogue::matmul_fused;
 pub(crate) use implicit::{PackB, matmul_implicit_b};
 use packed::{PackedProduct, packed};
 pub(crate) use packed::{TileShape, tile};
-use scratch::{PACKED_B, with_scratch};
+use scratch::{PACKED_B, with_cached_scratch, with_scratch};
 
 use crate::layout::{Dims, Layout};
 
