@@ -65,12 +65,25 @@ fn allocations_per_step(steps: usize, mut step: impl FnMut()) -> Vec<usize> {
 }
 
 fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
-    rayon::ThreadPoolBuilder::new()
+    let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .start_handler(|_| COUNTED.with(|c| c.set(true)))
+        .exit_handler(|_| COUNTED.with(|c| c.set(false)))
         .build()
-        .unwrap()
-        .install(f)
+        .unwrap();
+    register_for_stealing(&pool);
+    pool.install(f)
+}
+
+/// Has every worker of `pool` look for work to steal once: a rayon worker's first steal
+/// registers it with crossbeam's epoch collector, a one-time allocation of rayon's, made at
+/// whichever step that worker first steals (scheduling decides), not the model's doing. A
+/// pool's threads stop being counted when they exit (`exit_handler`): an exiting thread's
+/// epoch state is freed then, while a later scenario may be counting.
+fn register_for_stealing(pool: &rayon::ThreadPool) {
+    pool.broadcast(|_| {
+        let _ = rayon::yield_now();
+    });
 }
 
 fn mlp_steps(steps: usize, batch: usize) -> Vec<usize> {
@@ -151,8 +164,12 @@ fn training_steps_and_forward_passes_allocate_nothing_after_warm_up() {
     rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .start_handler(|_| COUNTED.with(|c| c.set(true)))
+        .exit_handler(|_| COUNTED.with(|c| c.set(false)))
         .build_global()
         .unwrap();
+    rayon::broadcast(|_| {
+        let _ = rayon::yield_now();
+    });
     // Which worker runs each call, and which tasks it steals, varies from call to call: the
     // first steps warm both workers' roles, so the count starts at the fifth.
     for (what, counts) in [
