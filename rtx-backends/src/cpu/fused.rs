@@ -9,7 +9,12 @@
 use rayon::prelude::*;
 
 use super::check::{self, KResult};
-use super::strided::{CHUNK, PARALLEL_THRESHOLD, Walk};
+use super::strided::{CHUNK, Walk};
+
+/// Elements from which a fused group splits across threads: half the elementwise kernels'
+/// threshold, since a fused body does several ops' work per element (measured: the MLP
+/// step's [256, 128] groups gain from splitting).
+const FUSED_THRESHOLD: usize = CHUNK;
 use crate::layout::Layout;
 
 /// A base pointer shared by the pieces of one parallel loop; each piece writes a disjoint range.
@@ -138,7 +143,7 @@ where
         };
         walk.runs(start, len, each_run);
     };
-    if n <= PARALLEL_THRESHOLD {
+    if n <= FUSED_THRESHOLD {
         piece(0, n);
     } else {
         (0..n.div_ceil(CHUNK)).into_par_iter().for_each(|c| {
