@@ -20,33 +20,45 @@ thread_local! {
 /// The largest packed A block of any kernel (`MAX_ROW_PANELS` panels of 14 rows by `KC`).
 pub(super) const MAX_PACKED_A: usize = MAX_ROW_PANELS * 14 * KC;
 
-/// Idle packed-A buffers, each `MAX_PACKED_A` (plus alignment slack) long so any task can use
-/// any of them. The first product fills this with one per thread and one more at once:
-/// which tasks run at the same time, and on which thread, varies from call to call, and
-/// buffers made on demand would appear at whatever step first ran that many tasks together.
-static PACKED_A: std::sync::Mutex<Vec<Vec<f32>>> = std::sync::Mutex::new(Vec::new());
+/// The packed-A buffers, each `MAX_PACKED_A` (plus alignment slack) long so any task can use
+/// any of them: slot `i + 1` is rayon worker `i`'s, slot 0 any other thread's. A task takes
+/// its own thread's buffer when it is there, so the block it packs lands in memory already
+/// in this core's cache; a buffer last written by the other core costs a transfer between
+/// the caches per line (the small products of a training step spent more time there than in
+/// the micro-kernel). A thread that needs a second buffer at once (a task run while it waits
+/// in a join) takes any other. The first product fills every slot: which tasks run at the
+/// same time, and where, varies from call to call, and buffers made on demand would appear
+/// at whatever step first ran that many tasks together.
+static PACKED_A: std::sync::Mutex<Vec<Option<Vec<f32>>>> = std::sync::Mutex::new(Vec::new());
 
 /// Runs `f` on `len <= MAX_PACKED_A` values (contents unspecified) of a packed-A buffer that
 /// starts on a 64-byte boundary.
 pub(super) fn with_packed_a<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     let fresh = || vec![0.0f32; MAX_PACKED_A + ALIGN];
-    let mut buffer = match PACKED_A.lock() {
-        Ok(mut idle) => {
-            if idle.capacity() == 0 {
-                let count = rayon::current_num_threads() + 1;
-                idle.reserve(4 * count);
-                idle.extend((0..count).map(|_| fresh()));
+    let home = rayon::current_thread_index().map_or(0, |i| i + 1);
+    let taken = match PACKED_A.lock() {
+        Ok(mut slots) => {
+            if slots.is_empty() {
+                let count = rayon::current_num_threads() + 2;
+                slots.extend((0..count).map(|_| Some(fresh())));
             }
-            idle.pop().unwrap_or_else(fresh)
+            let own = slots.get_mut(home).and_then(Option::take);
+            own.or_else(|| slots.iter_mut().find_map(Option::take))
         }
-        Err(_) => fresh(),
+        Err(_) => None,
     };
+    let mut buffer = taken.unwrap_or_else(fresh);
     let skip = buffer.as_ptr().align_offset(64).min(ALIGN);
     let result = f(&mut buffer[skip..skip + len.min(MAX_PACKED_A)]);
-    if let Ok(mut idle) = PACKED_A.lock()
-        && idle.len() < idle.capacity()
-    {
-        idle.push(buffer);
+    if let Ok(mut slots) = PACKED_A.lock() {
+        let free = if slots.get(home).is_some_and(Option::is_none) {
+            Some(home)
+        } else {
+            slots.iter().position(Option::is_none)
+        };
+        if let Some(i) = free {
+            slots[i] = Some(buffer);
+        }
     }
     result
 }
