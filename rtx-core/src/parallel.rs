@@ -86,16 +86,27 @@ impl Drop for LeaveCall {
 /// a request handler) would leave its part of the pool unserved. When something built the
 /// pool first, calls hand off as before. Every large `run` tries it; a program that uses
 /// rayon itself before its first compiled call should call this first thing in `main`.
+/// Not for a pool of one thread: the main thread would then be the pool, and work it spawns
+/// and then blocks on outside rayon (a channel's `recv`) would never run.
 pub fn join_pool_from_main() {
     static TRIED: std::sync::Once = std::sync::Once::new();
     if std::thread::current().name() != Some("main") {
         return;
     }
     TRIED.call_once(|| {
-        let built = rayon::ThreadPoolBuilder::new()
-            .use_current_thread()
-            .build_global()
-            .is_ok();
+        // rayon's own default: RAYON_NUM_THREADS when set and nonzero, else the CPU count.
+        let threads = std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+            .unwrap_or(1);
+        let built = threads >= 2
+            && rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .use_current_thread()
+                .build_global()
+                .is_ok();
         TEAM_LEAD.with(|t| t.set(built));
     });
 }

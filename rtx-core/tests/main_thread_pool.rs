@@ -13,12 +13,18 @@ fn main() {
     nested_calls_run_inline();
     a_panic_inside_a_call_reaches_the_caller_and_the_pool_still_works();
     the_workers_stop_lingering_once_calls_stop();
-    println!("main_thread_pool: 5 checks passed");
+    work_the_main_thread_spawns_and_waits_for_outside_rayon_still_runs();
+    println!("main_thread_pool: 6 checks passed");
 }
 
 fn the_main_thread_becomes_worker_zero() {
     join_pool_from_main();
-    assert_eq!(rayon::current_thread_index(), Some(0));
+    if rayon::current_num_threads() >= 2 {
+        assert_eq!(rayon::current_thread_index(), Some(0));
+    } else {
+        // A pool of one thread stays apart from the main thread.
+        assert_eq!(rayon::current_thread_index(), None);
+    }
 }
 
 fn a_call_returns_its_result_and_its_parallel_work_completes() {
@@ -71,4 +77,12 @@ fn the_workers_stop_lingering_once_calls_stop() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+fn work_the_main_thread_spawns_and_waits_for_outside_rayon_still_runs() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    rayon::spawn(move || {
+        let _ = tx.send(41 + 1);
+    });
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(42));
 }
