@@ -313,26 +313,21 @@ class TorchPeer:
 
     def gemm_bf16(self):
         # bf16 operands; torch returns bf16 (accumulating in f32 inside oneDNN).
-        torch = self.torch
-        out = {}
-        for n in GEMM_SIZES:
-            a = torch.randn(n, n).to(torch.bfloat16)
-            b = torch.randn(n, n).to(torch.bfloat16)
-            r = measure(PLANS[n], lambda: torch.matmul(a, b))
-            r["gflops"] = gflops(n, r["median_us"])
-            out[("gemm_bf16", f"n={n}")] = r
-        return out
+        return self.gemm_half("gemm_bf16", self.torch.bfloat16)
 
     def gemm_f16(self):
         # f16 operands; torch returns f16.
+        return self.gemm_half("gemm_f16", self.torch.float16)
+
+    def gemm_half(self, name, dtype):
         torch = self.torch
         out = {}
         for n in GEMM_SIZES:
-            a = torch.randn(n, n).to(torch.float16)
-            b = torch.randn(n, n).to(torch.float16)
+            a = torch.randn(n, n).to(dtype)
+            b = torch.randn(n, n).to(dtype)
             r = measure(PLANS[n], lambda: torch.matmul(a, b))
             r["gflops"] = gflops(n, r["median_us"])
-            out[("gemm_f16", f"n={n}")] = r
+            out[(name, f"n={n}")] = r
         return out
 
 

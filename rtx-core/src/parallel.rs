@@ -31,13 +31,13 @@ pub fn run<R: Send>(largest: usize, f: impl FnOnce() -> R + Send) -> R {
     }
     join_pool_from_main();
     if rayon::current_thread_index().is_some() {
-        if !TEAM_LEAD.with(Cell::get) || IN_CALL.with(|c| c.replace(true)) {
+        // Only the main thread sets `IN_CALL_ON_MAIN`: set already, this call is nested.
+        if !TEAM_LEAD.with(Cell::get) || IN_CALL_ON_MAIN.swap(true, Ordering::AcqRel) {
             return f();
         }
         // The main thread is worker 0 of the pool: run here, with the other workers
         // lingering (taking work as it appears) from now until `LINGER` after the call.
         let _leave = LeaveCall;
-        IN_CALL_ON_MAIN.store(true, Ordering::Release);
         touch();
         start_lingering();
         let result = f();
@@ -64,16 +64,13 @@ pub fn run<R: Send>(largest: usize, f: impl FnOnce() -> R + Send) -> R {
 thread_local! {
     /// Whether this thread is the main thread and worker 0 of the global pool.
     static TEAM_LEAD: Cell<bool> = const { Cell::new(false) };
-    /// Whether a `run` is in progress on this thread (nested calls run inline).
-    static IN_CALL: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Clears `IN_CALL` when dropped, also if the call unwinds.
+/// Clears `IN_CALL_ON_MAIN` when dropped, also if the call unwinds.
 struct LeaveCall;
 
 impl Drop for LeaveCall {
     fn drop(&mut self) {
-        IN_CALL.with(|c| c.set(false));
         IN_CALL_ON_MAIN.store(false, Ordering::Release);
     }
 }
@@ -193,7 +190,8 @@ pub fn lingering_workers() -> usize {
     LINGERING.load(Ordering::Acquire)
 }
 
-/// Whether the main thread is inside a call (a long call keeps the workers lingering).
+/// Whether the main thread is inside a call: nested calls run inline, and a long call keeps
+/// the workers lingering.
 static IN_CALL_ON_MAIN: AtomicBool = AtomicBool::new(false);
 
 /// Sets the flag when dropped.

@@ -146,13 +146,7 @@ pub(super) fn elementwise_chain() -> Result<()> {
 /// contiguous inputs, the packed kernel of rtx-backends). GFLOP/s counts 2 n^3 flops.
 pub(super) fn gemm() -> Result<()> {
     let kernels = BenchKernels::init(0);
-    let sizes: [(usize, Plan); 4] = [
-        (256, Plan::new(10, 200, 2_000)),
-        (512, Plan::new(3, 60, 2_500)),
-        (1024, Plan::new(2, 20, 3_000)),
-        (2048, Plan::new(1, 5, 4_000)),
-    ];
-    for (n, plan) in sizes {
+    for (n, plan) in SQUARE_SIZES {
         let mut rng = Rng::new(4 + n as u64);
         let a = Tensor::from_vec(normal_vec(&mut rng, n * n), &[n, n])?;
         let b = Tensor::from_vec(normal_vec(&mut rng, n * n), &[n, n])?;
@@ -239,82 +233,73 @@ fn gemm_shapes_in_pool() -> Result<()> {
     Ok(())
 }
 
-/// Square bf16 GEMM (bf16 operands, f32 accumulation and result) through the kernel entry
-/// point `rtx_backends::cpu::matmul_bf16`: bf16 tensors do not exist in the DSL yet. The
-/// `kernel` field says which bf16 kernel this CPU runs.
-pub(super) fn gemm_bf16() -> Result<()> {
-    use half::bf16;
-    use rtx_backends::{Layout, cpu};
-    let kernel = cpu::bf16_kernel();
-    let sizes: [(usize, Plan); 4] = [
-        (256, Plan::new(10, 200, 2_000)),
-        (512, Plan::new(3, 60, 2_500)),
-        (1024, Plan::new(2, 20, 3_000)),
-        (2048, Plan::new(1, 5, 4_000)),
-    ];
-    for (n, plan) in sizes {
-        let mut rng = Rng::new(40 + n as u64);
-        let a: Vec<bf16> = normal_vec(&mut rng, n * n)
-            .into_iter()
-            .map(bf16::from_f32)
-            .collect();
-        let b: Vec<bf16> = normal_vec(&mut rng, n * n)
-            .into_iter()
-            .map(bf16::from_f32)
-            .collect();
-        let l = Layout::contiguous(&[n, n]);
+/// The square sizes of the GEMM benches, each with its measurement plan.
+const SQUARE_SIZES: [(usize, Plan); 4] = [
+    (256, Plan::new(10, 200, 2_000)),
+    (512, Plan::new(3, 60, 2_500)),
+    (1024, Plan::new(2, 20, 3_000)),
+    (2048, Plan::new(1, 5, 4_000)),
+];
+
+/// A square GEMM of half-precision operands with f32 accumulation and result, through a
+/// kernel entry point (`matmul`): half-precision tensors do not exist in the DSL yet. Each
+/// line is named `name`, with `extra` fields after the figures.
+fn gemm_half<T>(
+    name: &'static str,
+    seed: u64,
+    from_f32: fn(f32) -> T,
+    matmul: impl Fn(&[T], &rtx_backends::Layout, &[T], &rtx_backends::Layout) -> Result<Vec<f32>>,
+    extra: &[(&'static str, String)],
+) -> Result<()> {
+    for (n, plan) in SQUARE_SIZES {
+        let mut rng = Rng::new(seed + n as u64);
+        let mut operand = || -> Vec<T> {
+            normal_vec(&mut rng, n * n)
+                .into_iter()
+                .map(from_f32)
+                .collect()
+        };
+        let (a, b) = (operand(), operand());
+        let l = rtx_backends::Layout::contiguous(&[n, n]);
         let timing = measure(plan, || {
-            let (out, _) = cpu::matmul_bf16(&a, &l, &b, &l)?;
-            rtx_backends::pool::give_back(black_box(out));
+            rtx_backends::pool::give_back(black_box(matmul(&a, &l, &b, &l)?));
             Ok(())
         })?;
         let gflops = 2.0 * (n as f64).powi(3) / (timing.median_us() * 1e-6) / 1e9;
-        println!(
-            "{}",
-            Line::new("gemm_bf16")
-                .field("n", n)
-                .timing(&timing)
-                .field("gflops", format!("{gflops:.1}"))
-                .field("kernel", format!("{kernel:?}"))
-        );
+        let mut line = Line::new(name)
+            .field("n", n)
+            .timing(&timing)
+            .field("gflops", format!("{gflops:.1}"));
+        for (key, value) in extra {
+            line = line.field(key, value);
+        }
+        println!("{line}");
     }
     Ok(())
 }
 
-/// f16 operands, f32 accumulation and results (`cpu::matmul_f16`: widened with F16C, then the
-/// f32 GEMM), at the sizes of `gemm`.
+/// Square bf16 GEMM (`rtx_backends::cpu::matmul_bf16`); the `kernel` field says which bf16
+/// kernel ran.
+pub(super) fn gemm_bf16() -> Result<()> {
+    use rtx_backends::cpu;
+    let kernel = format!("{:?}", cpu::bf16_kernel());
+    gemm_half(
+        "gemm_bf16",
+        40,
+        half::bf16::from_f32,
+        |a, la, b, lb| Ok(cpu::matmul_bf16(a, la, b, lb)?.0),
+        &[("kernel", kernel)],
+    )
+}
+
+/// Square f16 GEMM (`rtx_backends::cpu::matmul_f16`: widened with F16C, then the f32 GEMM).
 pub(super) fn gemm_f16() -> Result<()> {
-    use half::f16;
-    use rtx_backends::{Layout, cpu};
-    let sizes: [(usize, Plan); 4] = [
-        (256, Plan::new(10, 200, 2_000)),
-        (512, Plan::new(3, 60, 2_500)),
-        (1024, Plan::new(2, 20, 3_000)),
-        (2048, Plan::new(1, 5, 4_000)),
-    ];
-    for (n, plan) in sizes {
-        let mut rng = Rng::new(50 + n as u64);
-        let mut half_vec = || -> Vec<f16> {
-            normal_vec(&mut rng, n * n)
-                .into_iter()
-                .map(f16::from_f32)
-                .collect()
-        };
-        let (a, b) = (half_vec(), half_vec());
-        let l = Layout::contiguous(&[n, n]);
-        let timing = measure(plan, || {
-            let (out, _) = cpu::matmul_f16(&a, &l, &b, &l)?;
-            rtx_backends::pool::give_back(black_box(out));
-            Ok(())
-        })?;
-        let gflops = 2.0 * (n as f64).powi(3) / (timing.median_us() * 1e-6) / 1e9;
-        println!(
-            "{}",
-            Line::new("gemm_f16")
-                .field("n", n)
-                .timing(&timing)
-                .field("gflops", format!("{gflops:.1}"))
-        );
-    }
-    Ok(())
+    use rtx_backends::cpu;
+    gemm_half(
+        "gemm_f16",
+        50,
+        half::f16::from_f32,
+        |a, la, b, lb| Ok(cpu::matmul_f16(a, la, b, lb)?.0),
+        &[],
+    )
 }

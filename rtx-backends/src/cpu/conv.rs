@@ -321,34 +321,23 @@ fn grad_input_by_folding(
     for (chunk, dx_chunk) in dx.chunks_mut(images_per_chunk * image_len).enumerate() {
         let first = chunk * images_per_chunk;
         let images = dx_chunk.len() / image_len;
-        // g's images of this chunk as [O, images * OH*OW].
+        // g's images of this chunk in [O, N, OH, OW] order, i.e. [O, images * OH*OW].
         let g_chunk = Layout {
-            shape: smallvec::smallvec![out_channels, images, plane],
-            strides: smallvec::smallvec![lg.strides[1], lg.strides[0], lg.strides[3]],
+            shape: smallvec::smallvec![
+                out_channels,
+                images,
+                window.out_size[0],
+                window.out_size[1]
+            ],
+            strides: smallvec::smallvec![
+                lg.strides[1],
+                lg.strides[0],
+                lg.strides[2],
+                lg.strides[3]
+            ],
             offset: lg.offset + first * lg.strides[0],
         };
-        let g_chunk = if lg.strides[2] == window.out_size[1] * lg.strides[3] {
-            Scratch(contiguous(g, &g_chunk))
-        } else {
-            // Rows of g that do not follow each other at one stride: gather them in [O, N, OH,
-            // OW] order first.
-            let full = Layout {
-                shape: smallvec::smallvec![
-                    out_channels,
-                    images,
-                    window.out_size[0],
-                    window.out_size[1]
-                ],
-                strides: smallvec::smallvec![
-                    lg.strides[1],
-                    lg.strides[0],
-                    lg.strides[2],
-                    lg.strides[3]
-                ],
-                offset: lg.offset + first * lg.strides[0],
-            };
-            Scratch(contiguous(g, &full))
-        };
+        let g_chunk = Scratch(contiguous(g, &g_chunk));
         let cols_grad = Scratch(matmul_2d(
             &w_flat,
             &w_transposed,

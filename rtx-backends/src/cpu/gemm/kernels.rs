@@ -187,7 +187,8 @@ pub(super) unsafe fn neon_8x12(
 }
 
 /// 14 x 16 with AVX-512: one `zmm` accumulator per row, for products of at most 16 columns
-/// (a classifier head's 10 logits), where the 14 x 32 tile would be two thirds padding.
+/// (a classifier head's 10 logits), where the 14 x 32 tile would be two thirds padding; A
+/// packed (k-major, 14 values per k).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn avx512_14x16(
@@ -198,31 +199,8 @@ pub(super) unsafe fn avx512_14x16(
     ldc: usize,
     accumulate: bool,
 ) {
-    use std::arch::x86_64::*;
-    const MR: usize = 14;
-    let mut acc = [_mm512_setzero_ps(); MR];
-    for p in 0..kc {
-        // SAFETY (whole block): the caller guarantees `kc * 16` values of B and `kc * 14` of A.
-        unsafe {
-            let b0 = _mm512_loadu_ps(b.add(p * 16));
-            for (r, acc_row) in acc.iter_mut().enumerate() {
-                let a_value = _mm512_set1_ps(*a.add(p * MR + r));
-                *acc_row = _mm512_fmadd_ps(a_value, b0, *acc_row);
-            }
-        }
-    }
-    for (r, &v) in acc.iter().enumerate() {
-        // SAFETY: the caller guarantees `c` covers the 14 x 16 tile at stride `ldc`.
-        unsafe {
-            let dst = c.add(r * ldc);
-            let v = if accumulate {
-                _mm512_add_ps(_mm512_loadu_ps(dst), v)
-            } else {
-                v
-            };
-            _mm512_storeu_ps(dst, v);
-        }
-    }
+    // SAFETY: the caller's guarantees.
+    unsafe { avx512_14x16_with::<true>(kc, a, 0, b, c, ldc, accumulate) }
 }
 
 /// `avx512_14x16` reading A in place: row `r` of the tile is `a + r * lda`, contiguous along
@@ -242,6 +220,26 @@ pub(super) unsafe fn avx512_14x16_rows(
     ldc: usize,
     accumulate: bool,
 ) {
+    // SAFETY: the caller's guarantees.
+    unsafe { avx512_14x16_with::<false>(kc, a, lda, b, c, ldc, accumulate) }
+}
+
+/// The 14 x 16 tile, A packed (`PACKED`: element (r, p) at `a + 14 p + r`) or in rows
+/// (at `a + r lda + p`); a constant, so each form compiles to its own loop.
+///
+/// # Safety
+/// As `avx512_14x16` or `avx512_14x16_rows`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn avx512_14x16_with<const PACKED: bool>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
     use std::arch::x86_64::*;
     const MR: usize = 14;
     let mut acc = [_mm512_setzero_ps(); MR];
@@ -250,7 +248,8 @@ pub(super) unsafe fn avx512_14x16_rows(
         unsafe {
             let b0 = _mm512_loadu_ps(b.add(p * 16));
             for (r, acc_row) in acc.iter_mut().enumerate() {
-                let a_value = _mm512_set1_ps(*a.add(r * lda + p));
+                let at = if PACKED { p * MR + r } else { r * lda + p };
+                let a_value = _mm512_set1_ps(*a.add(at));
                 *acc_row = _mm512_fmadd_ps(a_value, b0, *acc_row);
             }
         }
