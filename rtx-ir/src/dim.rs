@@ -190,6 +190,36 @@ impl Dim {
         Some(total)
     }
 
+    /// With the run-time symbols every monomial shares divided out (`B*T*D - 4*B*T*E` gives
+    /// `D - 4*E`); `None` when a symbol is left (the monomials differ in their symbols).
+    pub fn without_common_symbols(&self) -> Option<Dim> {
+        let syms = |mono: &[Atom]| -> Vec<Atom> {
+            mono.iter()
+                .filter(|a| matches!(a, Atom::Sym(_)))
+                .cloned()
+                .collect()
+        };
+        let mut monos = self.terms.keys();
+        let Some(first) = monos.next() else {
+            return Some(self.clone());
+        };
+        let common = syms(first);
+        if monos.any(|m| syms(m) != common) {
+            return None;
+        }
+        let mut terms = BTreeMap::new();
+        for (mono, c) in &self.terms {
+            let rest: Vec<Atom> = mono
+                .iter()
+                .filter(|a| !matches!(a, Atom::Sym(_)))
+                .cloned()
+                .collect();
+            terms.insert(rest, *c);
+        }
+        let out = Dim { terms };
+        (!out.has_sym()).then_some(out)
+    }
+
     /// Monomials with their coefficients, for code generation.
     pub fn terms(&self) -> impl Iterator<Item = (&[Atom], i64)> {
         self.terms.iter().map(|(m, c)| (m.as_slice(), *c))

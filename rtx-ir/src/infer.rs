@@ -11,7 +11,7 @@
 // move into `library.rs` as compositions; the unit tests at the end could move to a file of
 // their own then.
 
-use crate::dim::Dim;
+use crate::dim::{Atom, Dim};
 use crate::op::{DType, Op, Shape};
 use std::fmt;
 
@@ -130,12 +130,32 @@ pub fn fmt_shape(s: &[Dim]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-/// Decides dimension equality and records what only rustc can decide.
+/// A relation between dimensions that holds for some values of the model's generic parameters
+/// and not for others (`C*H*W == FLAT`, a window that fits only a large enough `H`): it is
+/// checked when the model is instantiated with concrete values.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Obligation {
+    /// The two dimensions must be equal.
+    Equal(Dim, Dim),
+    /// The dimension must be at least 1 (a window's output size).
+    Positive(Dim),
+}
+
+/// Decides dimension equality, and records what only the instantiation can decide.
+///
+/// Literal and symbolic dimensions are equal only when they are the same expression. A generic
+/// parameter equals only itself: `IN` against `64` or `IN` against `HID` is a mismatch, reported
+/// like a literal one, because the generic model must be right for every value. A compound
+/// relation over generic parameters (`C*H*W` against `FLAT`) can hold for some values: it
+/// becomes an [`Obligation`], checked when the model is given concrete values.
 #[derive(Default, Debug, Clone)]
 pub struct Unifier {
-    /// Pairs assumed equal because a generic parameter is involved; each must be proven by
-    /// the generated code (a `SameDim` bound).
-    pub obligations: Vec<(Dim, Dim)>,
+    pub obligations: Vec<Obligation>,
+}
+
+/// A literal, or one generic parameter alone: two different ones are never equal for every value.
+fn is_simple(d: &Dim) -> bool {
+    d.as_const().is_some() || matches!(d.as_single_atom(), Some(Atom::Param(_)))
 }
 
 impl Unifier {
@@ -143,11 +163,33 @@ impl Unifier {
         if a == b {
             return true;
         }
-        if (a.has_param() || b.has_param()) && !a.has_sym() && !b.has_sym() {
-            self.obligations.push((a.clone(), b.clone()));
-            return true;
+        if is_simple(a) && is_simple(b) {
+            return false;
         }
-        false
+        // Symbols are bound at run time; only a difference over generic parameters alone, or
+        // one that is a product of symbols times such a difference (`B*T*D` against
+        // `4*B*T*floor(D/4)`), can be decided at instantiation.
+        let Some(rest) = a.sub(b).without_common_symbols() else {
+            return false;
+        };
+        if !rest.has_param() {
+            return false;
+        }
+        self.obligations
+            .push(Obligation::Equal(a.clone(), b.clone()));
+        true
+    }
+
+    /// `d >= 1` where the macro can decide it; over generic parameters, an obligation.
+    /// Symbolic sizes are checked when the graph runs.
+    pub fn positive(&mut self, d: &Dim) -> bool {
+        if let Some(v) = d.as_const() {
+            return v >= 1;
+        }
+        if d.has_param() && !d.has_sym() {
+            self.obligations.push(Obligation::Positive(d.clone()));
+        }
+        true
     }
 
     /// `same` for every axis, and equal ranks.
@@ -265,6 +307,7 @@ fn window_dims(
     kernel: [&Dim; 2],
     stride: [usize; 2],
     padding: [usize; 2],
+    u: &mut Unifier,
 ) -> Result<[Dim; 2], ShapeError> {
     let mut out = [Dim::known(0), Dim::known(0)];
     for i in 0..2 {
@@ -306,9 +349,8 @@ fn window_dims(
         let room = n
             .add(&Dim::known(padding[i].saturating_mul(2)))
             .sub(kernel[i]);
-        if let Some(r) = room.as_const()
-            && r < 0
-        {
+        // The output is at least 1 exactly when the padded input holds one window.
+        if !u.positive(&room.add(&Dim::known(1))) {
             let axis = if i == 0 { "height" } else { "width" };
             return Err(ShapeError::invalid(
                     0,
@@ -455,7 +497,7 @@ pub fn infer(
                     w[1], x[1]
                 )));
             }
-            let [oh, ow] = window_dims(d.name, x, [&w[2], &w[3]], *stride, *padding)?;
+            let [oh, ow] = window_dims(d.name, x, [&w[2], &w[3]], *stride, *padding, u)?;
             f32_out(vec![x[0].clone(), w[0].clone(), oh, ow])
         }
         Op::MaxPool2d {
@@ -471,7 +513,7 @@ pub fn infer(
             let x = sh(0);
             need_rank(0, x, 4, &format!("{} input [N, C, H, W]", d.name))?;
             let k = [Dim::known(kernel[0]), Dim::known(kernel[1])];
-            let [oh, ow] = window_dims(d.name, x, [&k[0], &k[1]], *stride, *padding)?;
+            let [oh, ow] = window_dims(d.name, x, [&k[0], &k[1]], *stride, *padding, u)?;
             // PyTorch's rule: a window may hang over the edge by at most half its size, so every
             // window holds at least one real element (else max pooling yields -inf).
             for i in 0..2 {
@@ -808,11 +850,11 @@ mod tests {
     }
 
     #[test]
-    fn generic_dims_become_obligations() {
+    fn different_generic_dims_are_a_mismatch() {
         let mut u = Unifier::default();
         let (a, b) = (s(&["B", "IN"]), s(&["HID", "10"]));
-        infer(&Op::MatMul, &[(&a, DType::F32), (&b, DType::F32)], &mut u).unwrap();
-        assert_eq!(u.obligations, vec![(Dim::param("IN"), Dim::param("HID"))]);
+        assert!(infer(&Op::MatMul, &[(&a, DType::F32), (&b, DType::F32)], &mut u).is_err());
+        assert!(u.obligations.is_empty());
     }
 
     #[test]

@@ -24,5 +24,5 @@ pub mod rewrite;
 pub use autodiff::{differentiate, float_leaves};
 pub use dim::{Atom, Dim};
 pub use graph::{GradOf, Graph, GraphFn, IR_VERSION, ModelIr, Node, NodeId};
-pub use infer::{ShapeError, ShapeErrorKind, Unifier, broadcast, fmt_shape, infer};
+pub use infer::{Obligation, ShapeError, ShapeErrorKind, Unifier, broadcast, fmt_shape, infer};
 pub use op::{Cmp, DType, Op, OpDef, OpKind, Shape};

@@ -7,78 +7,100 @@ use crate::internals::ast::{ElemType, GraphDef, GraphFnDef, ModelStruct};
 use crate::internals::ctxt::Ctxt;
 use crate::internals::lower::{Lowerer, NestedModel, Obligation, ParamRef};
 use proc_macro2::{Span, TokenStream};
-use quote::{ToTokens, format_ident, quote, quote_spanned};
+use quote::{format_ident, quote, quote_spanned};
 use rtx_ir::{Atom, Dim, GraphFn, IR_VERSION, ModelIr, Op};
 use std::collections::HashMap;
 use syn::parse::{Parse, ParseStream};
 
-/// The input of `__model_impl!`: the struct, the impl, and the definitions of nested models
-/// gathered so far by callbacks.
+/// The input of `__model_impl!`: the struct (absent when the struct's own expansion failed),
+/// the impl, and the definitions of nested models gathered so far by callbacks.
 pub struct ImplInput {
-    pub item_struct: syn::ItemStruct,
+    pub item_struct: Option<syn::ItemStruct>,
     pub item_impl: syn::ItemImpl,
     pub nested: Vec<NestedTokens>,
 }
 
-/// A nested model as delivered by its `__rtx_graph_*` callback.
+/// A nested model as delivered by its `__rtx_graph_*` callback: its definition, or only its
+/// name when its own expansion failed (`@broken { Name }`).
 #[derive(Clone)]
 pub struct NestedTokens {
-    pub item_struct: syn::ItemStruct,
-    pub item_impl: syn::ItemImpl,
+    pub name: String,
+    pub def: Option<(syn::ItemStruct, syn::ItemImpl)>,
     pub nested: Vec<NestedTokens>,
     pub raw: TokenStream,
 }
 
-fn parse_sections(
-    input: ParseStream,
-) -> syn::Result<(
-    Option<syn::ItemStruct>,
-    Option<syn::ItemImpl>,
-    Vec<NestedTokens>,
-)> {
-    let (mut s, mut i, mut n) = (None, None, Vec::new());
+struct Sections {
+    item_struct: Option<syn::ItemStruct>,
+    item_impl: Option<syn::ItemImpl>,
+    broken: Option<syn::Ident>,
+    nested: Vec<NestedTokens>,
+}
+
+fn parse_sections(input: ParseStream) -> syn::Result<Sections> {
+    let mut out = Sections {
+        item_struct: None,
+        item_impl: None,
+        broken: None,
+        nested: Vec::new(),
+    };
     while !input.is_empty() {
         input.parse::<syn::Token![@]>()?;
         let tag: syn::Ident = syn::ext::IdentExt::parse_any(input)?;
         let content;
         syn::braced!(content in input);
         match tag.to_string().as_str() {
-            "struct" => s = Some(content.parse()?),
-            "impl" => i = Some(content.parse()?),
+            "struct" => out.item_struct = Some(content.parse()?),
+            "impl" => out.item_impl = Some(content.parse()?),
+            "broken" => out.broken = Some(content.parse()?),
             "nested" => {
                 let raw: TokenStream = content.fork().parse()?;
-                let (ns, ni, nn) = parse_sections(&content)?;
-                let (Some(ns), Some(ni)) = (ns, ni) else {
-                    return Err(syn::Error::new(
-                        tag.span(),
-                        "internal: nested model without struct or impl",
-                    ));
+                let inner = parse_sections(&content)?;
+                let nested = match (inner.broken, inner.item_struct, inner.item_impl) {
+                    (Some(name), ..) => NestedTokens {
+                        name: name.to_string(),
+                        def: None,
+                        nested: inner.nested,
+                        raw,
+                    },
+                    (None, Some(s), Some(i)) => NestedTokens {
+                        name: s.ident.to_string(),
+                        def: Some((s, i)),
+                        nested: inner.nested,
+                        raw,
+                    },
+                    _ => {
+                        return Err(syn::Error::new(
+                            tag.span(),
+                            "internal: nested model without struct or impl",
+                        ));
+                    }
                 };
-                n.push(NestedTokens {
-                    item_struct: ns,
-                    item_impl: ni,
-                    nested: nn,
-                    raw,
-                });
+                out.nested.push(nested);
             }
             _ => return Err(syn::Error::new(tag.span(), "internal: unknown section")),
         }
     }
-    Ok((s, i, n))
+    Ok(out)
 }
 
 impl Parse for ImplInput {
     fn parse(input: ParseStream) -> syn::Result<Self> {
-        let (s, i, n) = parse_sections(input)?;
-        match (s, i) {
-            (Some(item_struct), Some(item_impl)) => Ok(ImplInput {
-                item_struct,
+        let sections = parse_sections(input)?;
+        match (sections.item_struct, sections.broken, sections.item_impl) {
+            (Some(s), None, Some(item_impl)) => Ok(ImplInput {
+                item_struct: Some(s),
                 item_impl,
-                nested: n,
+                nested: sections.nested,
+            }),
+            (None, Some(_), Some(item_impl)) => Ok(ImplInput {
+                item_struct: None,
+                item_impl,
+                nested: sections.nested,
             }),
             _ => Err(syn::Error::new(
                 Span::call_site(),
-                "internal: __model_impl! needs @struct and @impl",
+                "internal: __model_impl! needs @struct (or @broken) and @impl",
             )),
         }
     }
@@ -107,20 +129,21 @@ fn take_graph(item: &syn::ItemImpl, cx: &Ctxt) -> (Option<GraphDef>, Vec<syn::Im
 
 fn collect_nested(
     list: &[NestedTokens],
-    out: &mut HashMap<String, NestedModel>,
+    out: &mut HashMap<String, Option<NestedModel>>,
     raw: &mut Vec<TokenStream>,
 ) {
     for n in list {
-        let cx = Ctxt::new();
-        if let (Some(graph), _) = take_graph(&n.item_impl, &cx) {
-            out.insert(
-                n.item_struct.ident.to_string(),
-                NestedModel {
-                    item: n.item_struct.clone(),
-                    graph,
-                },
-            );
-        }
+        let def = n.def.as_ref().and_then(|(item_struct, item_impl)| {
+            let cx = Ctxt::new();
+            let graph = take_graph(item_impl, &cx).0;
+            // Its errors were reported by its own expansion.
+            let _ = cx.check();
+            graph.map(|graph| NestedModel {
+                item: item_struct.clone(),
+                graph,
+            })
+        });
+        out.insert(n.name.clone(), def);
         raw.push(n.raw.clone());
         collect_nested(&n.nested, out, raw);
     }
@@ -133,27 +156,39 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
     collect_nested(&input.nested, &mut nested, &mut nested_raw);
 
     let cx = Ctxt::new();
-    let model = ModelStruct::from_item(&input.item_struct, &HashMap::new(), &cx);
+    let Some(item_struct) = &input.item_struct else {
+        // The struct's expansion failed and reported why: still give the type its graph
+        // functions, so the program that calls them reports nothing more.
+        let (graph, rest) = take_graph(&input.item_impl, &cx);
+        let errors = cx.check().err().map(|e| e.to_compile_error());
+        return Ok(stand_in(&input.item_impl, graph.as_ref(), &rest, errors));
+    };
+    let model = ModelStruct::from_item(item_struct, &HashMap::new(), &cx);
 
     // A nested model whose definition has not arrived yet: ask its callback for it, passing
     // everything along; its expansion calls this macro again.
     if let Some(missing) = model.fields.iter().find_map(|f| match &f.kind {
         crate::internals::ast::FieldKind::Nested {
             type_name, path, ..
-        } if !nested.contains_key(type_name) => Some((type_name.clone(), path.clone())),
+        } if !nested.contains_key(type_name) => Some(path.clone()),
         _ => None,
     }) {
-        let (type_name, mut path) = missing;
+        let mut path = missing;
+        // The nested type's path names its struct callback, which finds the graph callback
+        // beside it (`crate::enc::Encoder!` -> `crate::enc::__rtx_graph_..!`).
+        let mut prefix = path.clone();
+        prefix.segments.pop();
         if let Some(last) = path.segments.last_mut() {
-            last.ident = crate::callback_ident("graph", &type_name, last.ident.span());
             last.arguments = syn::PathArguments::None;
         }
-        let (s, i) = (&input.item_struct, &input.item_impl);
+        let (s, i) = (item_struct, &input.item_impl);
         let nested_sections = input.nested.iter().map(|n| {
             let raw = &n.raw;
             quote!(@nested { #raw })
         });
-        return Ok(quote! { #path! { @struct { #s } @impl { #i } #(#nested_sections)* } });
+        return Ok(
+            quote! { #path! { @request [#prefix] @struct { #s } @impl { #i } #(#nested_sections)* } },
+        );
     }
 
     let (graph, rest) = take_graph(&input.item_impl, &cx);
@@ -168,22 +203,29 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
         if !has_block {
             cx.error_spanned_by(&input.item_impl.self_ty, "a #[model] impl needs a `graph! { fn forward<B>(&self, x: [B, ..]) -> [..] { .. } }` block");
         }
-        cx.check()?;
-        return Ok(TokenStream::new());
+        let errors = cx.check().err().map(|e| e.to_compile_error());
+        return Ok(stand_in(&input.item_impl, None, &rest, errors));
     };
 
     let mut fns_ir = Vec::new();
     let mut methods = Vec::new();
     let mut obligations = Vec::new();
+    let mut all_lowered = true;
     for (fi, f) in graph.fns.iter().enumerate() {
         if let Some((ir, params, obl)) = lower_fn(&cx, &model, &graph, f, &nested) {
             methods.push(emit_fn(&model, f, fi, &ir, &params));
             fns_ir.push(ir);
             obligations.extend(obl);
+        } else {
+            all_lowered = false;
         }
     }
-    let obligation_checks = emit_obligations(&cx, &obligations);
-    cx.check()?;
+    let obligation_checks = emit_obligations(&model, &obligations);
+    // A function can fail silently: it reads a nested model that failed and reported it.
+    let errors = cx.check().err().map(|e| e.to_compile_error());
+    if errors.is_some() || !all_lowered {
+        return Ok(stand_in(&input.item_impl, Some(&graph), &rest, errors));
+    }
 
     let ir = ModelIr {
         version: IR_VERSION,
@@ -199,9 +241,14 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
     let self_ty = &item_impl.self_ty;
     let attrs = &item_impl.attrs;
     let name = &model.name;
-    let callback = crate::callback_ident("graph", &name.to_string(), name.span());
-    let s = &input.item_struct;
+    let s = item_struct;
     let nested_sections = nested_raw.iter().map(|raw| quote!(@nested { #raw }));
+    let callback = crate::graph_callback(
+        name,
+        quote!(
+            ::rtx_core::__model_impl! { @nested { @struct { #s } @impl { #item_impl } #(#nested_sections)* } $($rest)* }
+        ),
+    );
     Ok(quote! {
         #(#attrs)*
         impl #impl_g #self_ty #where_g {
@@ -221,25 +268,80 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
                     .map_err(|e| ::rtx_core::RtxError::Invalid(e.clone()))
             }
 
+            /// The relations over this model's generic parameters that its graph needs
+            /// (`C*H*W == FLAT`, windows that fit): evaluated when the model is instantiated
+            /// with concrete values, so a wrong instance fails to build.
             #[doc(hidden)]
-            #[allow(dead_code, clippy::all)]
-            fn __rtx_shape_obligations() {
-                #obligation_checks
-            }
+            #[allow(clippy::all)]
+            const RTX_SHAPE_CHECKS: () = { #obligation_checks };
 
             #(#methods)*
         }
 
-        // This model's definition for models that nest it (see `__rtx_model_*`).
-        #[doc(hidden)]
-        #[allow(unused_macros)]
-        macro_rules! #callback {
-            ($($rest:tt)*) => { ::rtx_core::__model_impl! { @nested { @struct { #s } @impl { #item_impl } #(#nested_sections)* } $($rest)* } };
-        }
-        #[doc(hidden)]
-        #[allow(unused_imports)]
-        pub(crate) use #callback;
+        // This model's definition for models that nest it.
+        #callback
     })
+}
+
+/// What a model whose expansion failed still defines, next to its errors: the impl's own
+/// items, every graph function's methods with the signatures they would have (bodies that
+/// never run: the crate does not build), `graph()`, and a callback that tells models nesting
+/// it that it is broken. Calling code and nesting models then type-check, so the user sees
+/// only the real errors, never "no method named `forward`" or a hidden macro's name.
+fn stand_in(
+    item_impl: &syn::ItemImpl,
+    graph: Option<&GraphDef>,
+    rest: &[syn::ImplItem],
+    errors: Option<TokenStream>,
+) -> TokenStream {
+    let (impl_g, _, where_g) = item_impl.generics.split_for_impl();
+    let self_ty = &item_impl.self_ty;
+    let attrs = &item_impl.attrs;
+    let mut methods = TokenStream::new();
+    for f in graph.map(|g| g.fns.as_slice()).unwrap_or_default() {
+        let name = &f.name;
+        let with = format_ident!("{}_with", name);
+        let args: Vec<&syn::Ident> = f.inputs.iter().map(|i| &i.name).collect();
+        methods.extend(quote! {
+            pub fn #name(&self, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
+                ::core::unreachable!()
+            }
+            pub fn #with(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
+                ::core::unreachable!()
+            }
+        });
+        if f.output.is_empty() {
+            let and_grads = format_ident!("{}_and_grads", name);
+            methods.extend(quote! {
+                pub fn #and_grads(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<(::rtx_core::Tensor, ::rtx_core::Grads)> {
+                    ::core::unreachable!()
+                }
+            });
+        }
+    }
+    let callback = crate::self_type_name(item_impl)
+        .map(|name| {
+            crate::graph_callback(
+                &name,
+                quote!(::rtx_core::__model_impl! { @nested { @broken { #name } } $($rest)* }),
+            )
+        })
+        .unwrap_or_default();
+    quote! {
+        #errors
+        #(#attrs)*
+        #[allow(unused_variables, dead_code, clippy::all)]
+        impl #impl_g #self_ty #where_g {
+            #(#rest)*
+
+            pub fn graph() -> ::rtx_core::Result<::rtx_core::ir::ModelIr> {
+                ::core::unreachable!()
+            }
+
+            #methods
+        }
+        #callback
+    }
 }
 
 /// With `RTX_EXPANSION_TIME` set, prints how long the compiler took on this model (parse,
@@ -263,7 +365,7 @@ fn lower_fn(
     model: &ModelStruct,
     graph: &GraphDef,
     f: &GraphFnDef,
-    nested: &HashMap<String, NestedModel>,
+    nested: &HashMap<String, Option<NestedModel>>,
 ) -> Option<(GraphFn, Vec<ParamRef>, Vec<Obligation>)> {
     let mut lw = Lowerer::new(cx, nested);
     let out = lw.lower_fn(model, graph, f)?;
@@ -372,6 +474,8 @@ fn emit_fn(
     let with = format_ident!("{}_with", name);
     let args: Vec<&syn::Ident> = f.inputs.iter().map(|i| &i.name).collect();
     let bindings = emit_bindings(model, f, ir);
+    // Spanned at the function's name: rustc's "erroneous constant" note points there.
+    let check = quote_spanned!(f.name.span()=> let () = Self::RTX_SHAPE_CHECKS;);
     let param_checks = schedule::param_checks(ir, params);
     let out = format_ident!("__n{}", ir.output);
     let largest = schedule::largest_value_expr(ir);
@@ -388,12 +492,14 @@ fn emit_fn(
     let mut ts = quote! {
         #[doc = #doc]
         pub fn #name(&self, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
+            #check
             self.#with(&mut ::rtx_core::Ctx::eval(), #(#args),*)
         }
 
         #[doc = #doc_with]
         #[allow(unused_variables, non_snake_case, clippy::all)]
         pub fn #with(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
+            #check
             #bindings
             #param_checks
             let __largest: usize = #largest;
@@ -442,6 +548,7 @@ fn emit_fn(
             #[doc = #doc]
             #[allow(unused_variables, non_snake_case, clippy::all)]
             pub fn #and_grads(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<(::rtx_core::Tensor, ::rtx_core::Grads)> {
+                #check
                 #bindings
                 #param_checks
                 let __largest: usize = #largest;
@@ -482,55 +589,92 @@ fn signature_text(f: &GraphFnDef, ir: &GraphFn) -> String {
     .replace("self", &f.name.to_string())
 }
 
-/// Each generic-dimension equality becomes a `DimEq` check that rustc runs at `cargo check`:
-/// `<DimCheck as DimEq<{ FOUND }, { EXPECTED }>>::check();`. The path of `DimCheck` starts at
-/// the first token of the user's expression and ends at its last, so rustc underlines the
-/// whole sub-expression; each pair of dimensions is checked once (the first place it arose).
-fn emit_obligations(cx: &Ctxt, obligations: &[Obligation]) -> TokenStream {
+/// Each relation over generic dimensions becomes a test in the model's `RTX_SHAPE_CHECKS`
+/// constant, which every graph method reads: when the model is instantiated (`Cnn::<3, 256>`),
+/// rustc evaluates it, and a relation that fails stops the build with a message naming the
+/// model, the parameters' values and the op, spanned at the user's expression. Each relation
+/// is tested once (where it first arose).
+fn emit_obligations(model: &ModelStruct, obligations: &[Obligation]) -> TokenStream {
     let mut out = TokenStream::new();
-    let mut seen: Vec<(String, String)> = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
+    let params = &model.const_params;
+    let model_name = model.name.to_string();
+    let mut instance = quote!(.text(#model_name));
+    for (i, p) in params.iter().enumerate() {
+        let sep = if i == 0 { "<" } else { ", " };
+        let label = format!("{sep}{p} = ");
+        instance.extend(quote!(.text(#label).int(#p as i128)));
+    }
+    if !params.is_empty() {
+        instance.extend(quote!(.text(">")));
+    }
     for o in obligations {
-        let (f, e) = (o.found.to_string(), o.expected.to_string());
-        if seen
-            .iter()
-            .any(|(a, b)| (*a == f && *b == e) || (*a == e && *b == f))
-        {
+        let key = format!("{:?}", o.relation);
+        if seen.contains(&key) {
             continue;
         }
-        seen.push((f, e));
-        let (Some(found), Some(expected)) = (single(&o.found), single(&o.expected)) else {
-            cx.error_spanned_by(
-                &o.tokens,
-                format!(
-                    "shape mismatch: cannot prove at compile time that dimension `{}` equals `{}` for every value of the generic parameters\n\n= help: use a single const generic (or a literal) for dimensions that must be equal",
-                    o.found, o.expected
-                ),
-            );
-            continue;
-        };
-        let mut toks = o.tokens.clone().into_iter();
-        let first = toks
+        seen.push(key);
+        let site = &o.site;
+        let first = o
+            .tokens
+            .clone()
+            .into_iter()
             .next()
             .map(|t| t.span())
             .unwrap_or_else(Span::call_site);
-        let last = toks.last().map(|t| t.span()).unwrap_or(first);
-        let check = format_ident!("DimCheck", span = last);
-        out.extend(quote_spanned! {first=>
-            <::rtx_core::shapes:: #check as ::rtx_core::shapes::DimEq<{ #found }, { #expected }>>::check();
-        });
+        let check = match &o.relation {
+            rtx_ir::Obligation::Equal(a, b) => {
+                let (ea, eb) = (const_dim_expr(a), const_dim_expr(b));
+                let head = format!("shape mismatch in `{site}` of `");
+                let (ta, tb) = (
+                    format!("`: `{a}` must equal `{b}`, but here `{a}` = "),
+                    format!(" and `{b}` = "),
+                );
+                quote_spanned! {first=>
+                    let (a, b): (i128, i128) = (#ea, #eb);
+                    if a != b {
+                        let m = ::rtx_core::shapes::ConstMessage::new().text(#head) #instance .text(#ta).int(a).text(#tb).int(b);
+                        ::core::panic!("{}", m.as_str());
+                    }
+                }
+            }
+            rtx_ir::Obligation::Positive(d) => {
+                let e = const_dim_expr(d);
+                let head = format!("invalid `{site}` in `");
+                let tail = format!(
+                    "`: the window does not fit, its output size `{d}` must be at least 1, but here it is "
+                );
+                quote_spanned! {first=>
+                    let v: i128 = #e;
+                    if v < 1 {
+                        let m = ::rtx_core::shapes::ConstMessage::new().text(#head) #instance .text(#tail).int(v);
+                        ::core::panic!("{}", m.as_str());
+                    }
+                }
+            }
+        };
+        out.extend(quote!({ #check }));
     }
     out
 }
 
-fn single(d: &Dim) -> Option<TokenStream> {
-    if let Some(n) = d.as_known() {
-        return Some(proc_macro2::Literal::usize_unsuffixed(n).to_token_stream());
-    }
-    match d.as_single_atom() {
-        Some(Atom::Param(p)) => {
-            let id = format_ident!("{}", p);
-            Some(quote!(#id))
-        }
-        _ => None,
-    }
+/// A dimension over generic parameters as a constant `i128` expression (negative values stay
+/// negative, so a window that does not fit shows by how much).
+fn const_dim_expr(d: &Dim) -> TokenStream {
+    let terms = d.terms().map(|(atoms, coeff)| {
+        let factors = atoms.iter().map(|a| match a {
+            Atom::Param(n) | Atom::Sym(n) => {
+                let id = format_ident!("{}", n);
+                quote!((#id as i128))
+            }
+            Atom::FloorDiv(inner, k) => {
+                let inner = const_dim_expr(inner);
+                let k = i128::from(*k);
+                quote!((#inner).div_euclid(#k))
+            }
+        });
+        let coeff = i128::from(coeff);
+        quote!((#coeff #(* #factors)*))
+    });
+    quote!((0i128 #(+ #terms)*))
 }

@@ -11,11 +11,11 @@ pub fn expand(item: syn::ItemStruct) -> syn::Result<TokenStream> {
     let cx = Ctxt::new();
     let model = ModelStruct::from_item(&item, &HashMap::new(), &cx);
     let name = &item.ident;
-    let callback = crate::callback_ident("model", &name.to_string(), name.span());
     if let Err(e) = cx.check() {
-        // Report the struct's errors only: its `#[model] impl` calls back here and vanishes,
-        // and a field-less stand-in keeps the type's name defined, rather than adding
-        // "cannot find macro `__rtx_model_..`" or "cannot find type" to the real errors.
+        // Report the struct's errors only. A field-less stand-in keeps the type defined, with
+        // its `Module` impl, and its callback tells the `#[model] impl` that the struct is
+        // broken, so that expansion still gives the type its graph functions: the code that
+        // calls them, and the models that nest this one, add no errors of their own.
         let errors = e.to_compile_error();
         let vis = &item.vis;
         let all_const = item
@@ -28,24 +28,34 @@ pub fn expand(item: syn::ItemStruct) -> syn::Result<TokenStream> {
         } else {
             syn::Generics::default()
         };
+        let (impl_g, ty_g, where_g) = generics.split_for_impl();
+        let callback = crate::struct_callback(
+            name,
+            quote!(::rtx_core::__model_impl! { @broken { #name } $($rest)* }),
+        );
         return Ok(quote! {
             #errors
             #[allow(dead_code)]
             #vis struct #name #generics {}
-            #[doc(hidden)]
-            #[allow(unused_macros)]
-            macro_rules! #callback {
-                ($($rest:tt)*) => {};
+            #[allow(unused_variables)]
+            impl #impl_g ::rtx_core::Module for #name #ty_g #where_g {
+                fn init_with(rng: &mut ::rtx_core::Rng) -> Self {
+                    Self {}
+                }
+                fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &::rtx_core::Tensor)) {}
+                fn visit_params_mut<'__a>(&'__a mut self, prefix: &str, f: &mut dyn FnMut(&str, &'__a mut ::rtx_core::Tensor)) {}
             }
-            #[doc(hidden)]
-            #[allow(unused_imports)]
-            pub(crate) use #callback;
+            #callback
         });
     }
     let (impl_g, ty_g, where_g) = item.generics.split_for_impl();
     let fields: Vec<&syn::Ident> = model.fields.iter().map(|f| &f.name).collect();
     let tys: Vec<&syn::Type> = model.fields.iter().map(|f| &f.ty).collect();
     let names: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
+    let callback = crate::struct_callback(
+        name,
+        quote!(::rtx_core::__model_impl! { @struct { #item } $($rest)* }),
+    );
     Ok(quote! {
         #item
 
@@ -63,13 +73,6 @@ pub fn expand(item: syn::ItemStruct) -> syn::Result<TokenStream> {
 
         // The struct's definition, for the `#[model] impl` that holds its graph: a macro
         // sees one item, so the impl's expansion calls back here to read the fields.
-        #[doc(hidden)]
-        #[allow(unused_macros)]
-        macro_rules! #callback {
-            ($($rest:tt)*) => { ::rtx_core::__model_impl! { @struct { #item } $($rest)* } };
-        }
-        #[doc(hidden)]
-        #[allow(unused_imports)]
-        pub(crate) use #callback;
+        #callback
     })
 }

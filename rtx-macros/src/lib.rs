@@ -15,6 +15,7 @@ mod expand_struct;
 mod internals;
 
 use proc_macro::TokenStream;
+use proc_macro2::TokenStream as TokenStream2;
 use quote::quote;
 
 /// Marks a model struct (fields are layers, parameters or nested models) or the impl that
@@ -43,12 +44,10 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
                 .to_compile_error()
                 .into();
             };
-            let callback = callback_ident("model", &name.to_string(), name.span());
-            // The empty impl makes rustc report a misspelled type as "cannot find type", with
-            // its did-you-mean, next to the unavoidable "cannot find macro" of the callback.
-            let (impl_g, _, where_g) = i.generics.split_for_impl();
-            let self_ty = &i.self_ty;
-            quote!(#callback! { @impl { #i } } impl #impl_g #self_ty #where_g {}).into()
+            // The struct's callback macro has the type's name (see `struct_callback`): a
+            // misspelled type reads "cannot find macro `Mpl`", never a hidden name.
+            let callback = syn::Ident::new(&name.to_string(), name.span());
+            quote!(#callback! { @impl { #i } }).into()
         }
         Err(_) => syn::Error::new_spanned(
             item2,
@@ -59,10 +58,9 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-/// The name of a model's hidden callback macro: `__rtx_model_Mlp_<hash>` (struct side) or
-/// `__rtx_graph_Mlp_<hash>` (impl side). The hash of the type name keeps the names of two
-/// similar types far apart, so a misspelled type never draws rustc's "a macro with a similar
-/// name exists" suggestion, which would propose the hidden macro as the fix.
+/// The name of a model's hidden graph callback: `__rtx_graph_Mlp_<hash>`. Users never meet it:
+/// it is reached through the macro that carries the type's own name (`struct_callback`,
+/// `graph_callback`). The hash keeps two similar names apart for rustc's did-you-mean.
 pub(crate) fn callback_ident(kind: &str, type_name: &str, span: proc_macro2::Span) -> syn::Ident {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in type_name.bytes() {
@@ -71,7 +69,46 @@ pub(crate) fn callback_ident(kind: &str, type_name: &str, span: proc_macro2::Spa
     syn::Ident::new(&format!("__rtx_{kind}_{type_name}_{h:016x}"), span)
 }
 
-fn self_type_name(i: &syn::ItemImpl) -> Option<syn::Ident> {
+/// The macro `#[model]` on a struct leaves for its `#[model] impl`, exported under the type's
+/// own name (macros and types live in different namespaces, so importing the type imports it
+/// too, and a misspelled type reads "cannot find macro `Mpl`", never a hidden name).
+/// `@request [path] ..`, from a model that nests this one, goes on to the graph callback that
+/// the impl defines, found next to the type (`path` is the nesting field's type path without
+/// its last segment); anything else is the impl's `@impl { .. }`, answered by `on_impl`.
+pub(crate) fn struct_callback(name: &syn::Ident, on_impl: TokenStream2) -> TokenStream2 {
+    let model = callback_ident("model", &name.to_string(), name.span());
+    let graph = callback_ident("graph", &name.to_string(), name.span());
+    quote! {
+        #[doc(hidden)]
+        #[allow(unused_macros)]
+        macro_rules! #model {
+            (@request [$($path:tt)*] $($rest:tt)*) => { $($path)* #graph! { $($rest)* } };
+            ($($rest:tt)*) => { #on_impl };
+        }
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        pub(crate) use #model as #name;
+    }
+}
+
+/// The macro `#[model]` on an impl leaves for models that nest this one (reached through the
+/// struct's, see `struct_callback`): it answers with `on_request`, this model's definition or
+/// `@broken { Name }`.
+pub(crate) fn graph_callback(name: &syn::Ident, on_request: TokenStream2) -> TokenStream2 {
+    let graph = callback_ident("graph", &name.to_string(), name.span());
+    quote! {
+        #[doc(hidden)]
+        #[allow(unused_macros)]
+        macro_rules! #graph {
+            ($($rest:tt)*) => { #on_request };
+        }
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        pub(crate) use #graph;
+    }
+}
+
+pub(crate) fn self_type_name(i: &syn::ItemImpl) -> Option<syn::Ident> {
     match &*i.self_ty {
         syn::Type::Path(p) => p.path.segments.last().map(|s| s.ident.clone()),
         _ => None,

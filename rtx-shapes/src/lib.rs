@@ -1,16 +1,14 @@
 //! Type-level dimensions and shape algebra for RustyTorch++ (rtx).
 //!
-//! A model's tensor shapes are checked in three ways. *Literal* dimensions
-//! (`Linear(784, 128)`) are checked by the `graph!` macro itself, which can
-//! point at the offending tokens with exact spans. *Generic* dimensions (a
-//! model's `const IN: usize`) cannot be known by the macro, so its generated
-//! code checks [`DimEq`] inside the model's generic `impl`, and rustc rejects a
-//! mismatch at `cargo check` time with that trait's diagnostic ([`SameDim`] and
-//! [`assert_same_dim`] are the same check on [`Dim`] types).
-//! *Symbolic* dimensions (the batch `B`, a sequence length) are bound at run
-//! time. This crate provides the compile-time pieces: const-generic markers
-//! ([`Dim`], [`DimEq`], [`SameDim`]), typenum dimension arithmetic ([`arith`]) and
-//! type-level shapes ([`shape`]).
+//! A model's tensor shapes are checked in three ways. *Literal* and *generic* dimensions
+//! (`Linear<64, 128>`, a model's `const IN: usize`) are checked by the `graph!` macro itself,
+//! which points at the offending tokens: a generic parameter equals only itself. Relations
+//! over generic parameters that hold only for some of their values (`C*H*W == FLAT`) are
+//! checked when the model is instantiated, by a constant whose message is assembled with
+//! [`ConstMessage`]. *Symbolic* dimensions (the batch `B`, a sequence length) are bound at run
+//! time. This crate also keeps type-level pieces for code that wants rustc to compare shapes:
+//! const-generic markers ([`Dim`], [`DimEq`], [`SameDim`]), typenum dimension arithmetic
+//! ([`arith`]) and type-level shapes ([`shape`]).
 //!
 //! Crate map: `rtx-shapes` <- `rtx-ir` <- `rtx-macros`; `rtx-core`
 //! re-exports this crate as `rtx_core::shapes`. It depends only on
@@ -20,9 +18,11 @@
 #![warn(missing_docs)]
 
 pub mod arith;
+pub mod message;
 pub mod shape;
 
 pub use arith::{Concat, ConvOut, ExactDiv, PoolOut, Product, U, dim_value};
+pub use message::ConstMessage;
 pub use shape::{Numel, SameShape, Shape, TypeDim, assert_same_shape};
 /// Re-export of the `typenum` version this crate is built against, so
 /// generated code and downstream crates name the same types.

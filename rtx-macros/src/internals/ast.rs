@@ -151,6 +151,18 @@ pub fn dim_from_expr(
     }
 }
 
+/// The layer types a field can have.
+const LAYERS: &[&str] = &[
+    "Linear",
+    "Conv2d",
+    "Embedding",
+    "LayerNorm",
+    "Param1",
+    "Param2",
+    "Param3",
+    "Param4",
+];
+
 fn layer_kind(
     ty: &syn::Type,
     params: &[syn::Ident],
@@ -248,6 +260,17 @@ fn layer_kind(
         "Param4" if arity(4, 4, "<A, B, C, D>") => FieldKind::Param { shape: dims },
         "Linear" | "Conv2d" | "Embedding" | "LayerNorm" | "Param1" | "Param2" | "Param3"
         | "Param4" => return None,
+        // Any other type is taken for a nested model, so a misspelled layer would surface as
+        // a missing model; a name one or two edits from a layer's is that typo.
+        _ if tp.path.segments.len() == 1
+            && let Some(layer) = super::lower::closest(&name, LAYERS) =>
+        {
+            cx.error_spanned_by(
+                &last.ident,
+                format!("unknown layer `{name}`\n\n= help: did you mean `{layer}`? the layers are {}; a nested model's struct is marked #[model]", LAYERS.join(", ")),
+            );
+            return None;
+        }
         _ => FieldKind::Nested {
             type_name: name,
             path: tp.path.clone(),

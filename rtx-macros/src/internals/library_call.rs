@@ -12,6 +12,8 @@ use rtx_ir::{NodeId, Op, Shape, ShapeError};
 struct Builder<'l, 'a> {
     lw: &'l mut Lowerer<'a>,
     whole: TokenStream,
+    /// The op in the user's terms (`softmax(..)`), for obligations.
+    site: String,
     /// The value at fault in the last failed op, to point at the user's argument holding it.
     culprit: Option<NodeId>,
     /// The parameter the lowering named as at fault (`Emit::blame`); wins over `culprit`.
@@ -21,7 +23,7 @@ struct Builder<'l, 'a> {
 impl Emit for Builder<'_, '_> {
     fn op(&mut self, op: Op, args: &[NodeId]) -> Result<NodeId, ShapeError> {
         self.lw
-            .push_checked(op, args, &self.whole)
+            .push_checked(op, args, &self.whole, &self.site)
             .inspect_err(|e| {
                 self.culprit = args.get(e.arg).copied();
             })
@@ -38,7 +40,7 @@ impl Emit for Builder<'_, '_> {
     fn same_shape(&mut self, expected: &Shape, found: &Shape) -> bool {
         let before = self.lw.u.obligations.len();
         let same = self.lw.u.same_shape(expected, found);
-        self.lw.defer_obligations(before, &self.whole);
+        self.lw.defer_obligations(before, &self.whole, &self.site);
         same
     }
 
@@ -63,6 +65,7 @@ impl Lowerer<'_> {
         let mut b = Builder {
             lw: self,
             whole: whole.to_token_stream(),
+            site: callsite.clone(),
             culprit: None,
             blamed: None,
         };

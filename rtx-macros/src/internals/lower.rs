@@ -20,7 +20,9 @@ use rtx_ir::{
 };
 use std::collections::HashMap;
 
-/// A nested model's definition, delivered by its callback macro.
+/// A nested model's definition, delivered by its callback macro. A model whose own expansion
+/// failed arrives as `None` in the map of nested models: it has reported its errors, and calls
+/// of it are poisoned values here rather than new errors.
 #[derive(Clone)]
 pub struct NestedModel {
     pub item: syn::ItemStruct,
@@ -36,11 +38,13 @@ pub struct ParamRef {
     pub node: NodeId,
 }
 
-/// A generic-dimension equality rustc must prove: (found, expected, where).
+/// A relation over generic dimensions checked when the model is instantiated, and the user's
+/// expression it came from.
 pub struct Obligation {
-    pub found: Dim,
-    pub expected: Dim,
+    pub relation: rtx_ir::Obligation,
     pub tokens: TokenStream,
+    /// The op in the user's terms: `self.fc(..)`.
+    pub site: String,
 }
 
 pub struct Lowerer<'a> {
@@ -49,7 +53,7 @@ pub struct Lowerer<'a> {
     pub u: Unifier,
     pub params: Vec<ParamRef>,
     pub obligations: Vec<Obligation>,
-    pub nested: &'a HashMap<String, NestedModel>,
+    pub nested: &'a HashMap<String, Option<NestedModel>>,
     /// Function names on the inlining stack, to reject recursion.
     stack: Vec<String>,
 }
@@ -63,7 +67,9 @@ struct Scope<'s> {
     /// Symbolic dims and nested generic params, resolved to the caller's dims.
     env: HashMap<String, Dim>,
     symbols: Vec<syn::Ident>,
-    vars: HashMap<String, NodeId>,
+    /// Values by name; `None` is a poisoned binding (its right-hand side failed and was
+    /// reported), so what reads it stays silent instead of cascading.
+    vars: HashMap<String, Option<NodeId>>,
 }
 
 fn join(prefix: &[String], name: &str) -> String {
@@ -73,7 +79,7 @@ fn join(prefix: &[String], name: &str) -> String {
 }
 
 impl<'a> Lowerer<'a> {
-    pub fn new(cx: &'a Ctxt, nested: &'a HashMap<String, NestedModel>) -> Lowerer<'a> {
+    pub fn new(cx: &'a Ctxt, nested: &'a HashMap<String, Option<NestedModel>>) -> Lowerer<'a> {
         Lowerer {
             cx,
             graph: Graph::default(),
@@ -98,7 +104,7 @@ impl<'a> Lowerer<'a> {
         whole: &dyn ToTokens,
         arg_tokens: &[&dyn ToTokens],
     ) -> Option<NodeId> {
-        match self.push_checked(op, args, whole) {
+        match self.push_checked(op, args, whole, callsite) {
             Ok(id) => Some(id),
             Err(e) => {
                 let at: &dyn ToTokens = arg_tokens.get(e.arg).copied().unwrap_or(whole);
@@ -109,8 +115,8 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    /// Pushes an op after its shape rule; generic-dimension equalities it needed become
-    /// obligations for rustc, attributed to `whole`.
+    /// Pushes an op after its shape rule; relations over generic dimensions it needed become
+    /// obligations, attributed to `whole`.
     // The error carries both shapes for the message; it is built only on failure.
     #[allow(clippy::result_large_err)]
     pub(super) fn push_checked(
@@ -118,22 +124,23 @@ impl<'a> Lowerer<'a> {
         op: Op,
         args: &[NodeId],
         whole: &dyn ToTokens,
+        site: &str,
     ) -> Result<NodeId, ShapeError> {
         let before = self.u.obligations.len();
         let id = self.graph.push_shared(op, args, &mut self.u)?;
-        self.defer_obligations(before, whole);
+        self.defer_obligations(before, whole, site);
         Ok(id)
     }
 
-    /// Moves the unifier's obligations from `before` on to the ones rustc checks, spanned at
-    /// `whole`.
-    pub(super) fn defer_obligations(&mut self, before: usize, whole: &dyn ToTokens) {
-        let new: Vec<(Dim, Dim)> = self.u.obligations.drain(before..).collect();
-        for (a, b) in new {
+    /// Moves the unifier's obligations from `before` on to the ones checked at instantiation,
+    /// spanned at `whole`.
+    pub(super) fn defer_obligations(&mut self, before: usize, whole: &dyn ToTokens, site: &str) {
+        let new: Vec<rtx_ir::Obligation> = self.u.obligations.drain(before..).collect();
+        for relation in new {
             self.obligations.push(Obligation {
-                found: b,
-                expected: a,
+                relation,
                 tokens: whole.to_token_stream(),
+                site: site.to_string(),
             });
         }
     }
@@ -209,7 +216,7 @@ impl<'a> Lowerer<'a> {
                     &mut self.u,
                 )
                 .ok()?;
-            sc.vars.insert(inp.name.to_string(), node);
+            sc.vars.insert(inp.name.to_string(), Some(node));
         }
         let declared = self.declared_output(f, &sc);
         if !ok {
@@ -222,12 +229,13 @@ impl<'a> Lowerer<'a> {
         let declared = declared?;
         let found = self.shape(out).clone();
         let tail = block_tail(&f.body);
-        // Generic dims become `DimEq` checks for rustc, like every other equality.
+        let result_site = format!("fn {}", f.name);
+        // Compound relations over generic dims are checked at instantiation, like everywhere.
         let same = declared.len() == found.len()
             && declared
                 .iter()
                 .zip(&found)
-                .all(|(d, g)| self.same_or_oblige(g, d, &tail));
+                .all(|(d, g)| self.same_or_oblige(g, d, &tail, &result_site));
         if !same {
             let which = if declared.len() != found.len() {
                 format!(" (rank {} vs {})", declared.len(), found.len())
@@ -288,12 +296,12 @@ impl<'a> Lowerer<'a> {
                         failed = true;
                         continue;
                     };
-                    match self.lower_expr(sc, &init.expr) {
-                        Some(n) => {
-                            sc.vars.insert(pi.ident.to_string(), n);
-                        }
-                        None => failed = true,
-                    }
+                    // A failed right-hand side poisons the name, also hiding any binding it
+                    // shadowed: later lines that read it are neither "unknown" nor checked
+                    // against the stale value.
+                    let value = self.lower_expr(sc, &init.expr);
+                    failed |= value.is_none();
+                    sc.vars.insert(pi.ident.to_string(), value);
                 }
                 syn::Stmt::Expr(e, None) if i + 1 == block.stmts.len() => {
                     last = self.lower_expr(sc, e)
@@ -307,7 +315,8 @@ impl<'a> Lowerer<'a> {
                 }
             }
         }
-        if last.is_none() && !failed && !self.cx.has_errors() {
+        let has_tail = matches!(block.stmts.last(), Some(syn::Stmt::Expr(_, None)));
+        if !has_tail && !failed {
             self.cx.error_spanned_by(
                 block,
                 "a graph function must end with an expression (its result)",
@@ -327,7 +336,7 @@ impl<'a> Lowerer<'a> {
                     .map(|i| i.to_string())
                     .unwrap_or_default();
                 match sc.vars.get(&name) {
-                    Some(&n) => Some(n),
+                    Some(&value) => value,
                     None => {
                         let mut known: Vec<&str> = sc.vars.keys().map(String::as_str).collect();
                         known.sort();
@@ -525,7 +534,7 @@ impl<'a> Lowerer<'a> {
                     return None;
                 }
                 let last = xs[xs.len() - 1].clone();
-                if !self.same_or_oblige(&last, inp, arg_tok[0]) {
+                if !self.same_or_oblige(&last, inp, arg_tok[0], &callsite) {
                     let mut expected = xs.clone();
                     let n = expected.len();
                     expected[n - 1] = inp.clone();
@@ -612,7 +621,7 @@ impl<'a> Lowerer<'a> {
                     self.cx.error_spanned_by(arg_tok[0].to_token_stream(), format!("shape mismatch in `{callsite}`: expected a tensor ending in {dim}, found a scalar"));
                     return None;
                 };
-                if !self.same_or_oblige(&last, dim, arg_tok[0]) {
+                if !self.same_or_oblige(&last, dim, arg_tok[0], &callsite) {
                     let mut expected = xs.clone();
                     let n = expected.len();
                     expected[n - 1] = dim.clone();
@@ -670,20 +679,19 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    /// Literal or symbolic dims must be equal; a generic one becomes an obligation for rustc.
-    fn same_or_oblige(&mut self, found: &Dim, expected: &Dim, at: &dyn ToTokens) -> bool {
-        if found == expected {
-            return true;
-        }
-        if (found.has_param() || expected.has_param()) && !found.has_sym() && !expected.has_sym() {
-            self.obligations.push(Obligation {
-                found: found.clone(),
-                expected: expected.clone(),
-                tokens: at.to_token_stream(),
-            });
-            return true;
-        }
-        false
+    /// The unifier's equality (see `rtx_ir::Unifier::same`), with any obligation attributed to
+    /// `at`.
+    fn same_or_oblige(
+        &mut self,
+        found: &Dim,
+        expected: &Dim,
+        at: &dyn ToTokens,
+        site: &str,
+    ) -> bool {
+        let before = self.u.obligations.len();
+        let same = self.u.same(expected, found);
+        self.defer_obligations(before, at, site);
+        same
     }
 
     fn nested_call(
@@ -707,9 +715,13 @@ impl<'a> Lowerer<'a> {
             );
             return None;
         };
-        let Some(nm) = self.nested.get(type_name).cloned() else {
-            self.cx.error_spanned_by(m, format!("the graph of nested model `{type_name}` is not available\n\n= help: mark both its struct and its impl with #[model]"));
-            return None;
+        let nm = match self.nested.get(type_name) {
+            Some(Some(nm)) => nm.clone(),
+            Some(None) => return None,
+            None => {
+                self.cx.error_spanned_by(m, format!("the graph of nested model `{type_name}` is not available\n\n= help: mark both its struct and its impl with #[model]"));
+                return None;
+            }
         };
         let mut env = HashMap::new();
         for (p, a) in nm
@@ -799,7 +811,7 @@ impl<'a> Lowerer<'a> {
                 match dim_from_expr(d, &[], &model.const_params, &env) {
                     Ok(dim) => {
                         if let Some(fd) = found.get(j) {
-                            ok &= self.same_or_oblige(fd, &dim, &m.args[i]);
+                            ok &= self.same_or_oblige(fd, &dim, &m.args[i], callsite);
                         }
                         expected.push(dim);
                     }
@@ -856,7 +868,7 @@ impl<'a> Lowerer<'a> {
                 );
                 return None;
             }
-            vars.insert(inp.name.to_string(), arg);
+            vars.insert(inp.name.to_string(), Some(arg));
         }
         let mut sc = Scope {
             model,
@@ -1116,7 +1128,7 @@ fn suggest(name: &str) -> Option<&'static str> {
 }
 
 /// The closest of `candidates` to `name` within edit distance 2 (the first on ties).
-fn closest<'c>(name: &str, candidates: &[&'c str]) -> Option<&'c str> {
+pub(crate) fn closest<'c>(name: &str, candidates: &[&'c str]) -> Option<&'c str> {
     fn dist(a: &str, b: &str) -> usize {
         let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
         let mut prev: Vec<usize> = (0..=b.len()).collect();
@@ -1147,9 +1159,24 @@ pub fn message(callsite: &str, e: &ShapeError) -> String {
         }
         ShapeErrorKind::Invalid(m) => format!("invalid `{callsite}`: {m}"),
     };
-    match &e.help {
-        Some(h) => format!("{head}\n\n= help: {h}"),
-        None => head,
+    let generic = match &e.kind {
+        ShapeErrorKind::Mismatch {
+            expected,
+            found,
+            axis: Some(i),
+        } => [expected.get(*i), found.get(*i)],
+        ShapeErrorKind::Broadcast { dim_a, dim_b, .. } => [Some(dim_a), Some(dim_b)],
+        _ => [None, None],
+    }
+    .into_iter()
+    .flatten()
+    .find(|d| d.has_param());
+    let note = generic.map(|d| format!("\n= note: `{d}` is a generic parameter of the model: it equals only itself, since the model must be right for every value of it; use one parameter (or one literal) for dimensions that must be equal"));
+    match (&e.help, note) {
+        (Some(h), Some(n)) => format!("{head}\n\n= help: {h}{n}"),
+        (Some(h), None) => format!("{head}\n\n= help: {h}"),
+        (None, Some(n)) => format!("{head}\n{n}"),
+        (None, None) => head,
     }
 }
 
