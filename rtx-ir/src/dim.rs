@@ -190,6 +190,33 @@ impl Dim {
         Some(total)
     }
 
+    /// `self / divisor` when it is exact for every value of the atoms: the divisor is one
+    /// monomial (`4*B`) that divides every term of `self` (`64*B*T` gives `16*T`). `None`
+    /// otherwise, also when a quotient may exist but is not a polynomial over these atoms.
+    pub fn exact_div(&self, divisor: &Dim) -> Option<Dim> {
+        if self == divisor {
+            return Some(Dim::known(1));
+        }
+        let mut dterms = divisor.terms.iter();
+        let (datoms, &dcoeff) = dterms.next()?;
+        if dterms.next().is_some() || dcoeff <= 0 {
+            return None;
+        }
+        let mut terms = BTreeMap::new();
+        for (mono, &c) in &self.terms {
+            if c % dcoeff != 0 {
+                return None;
+            }
+            let mut rest = mono.clone();
+            for a in datoms {
+                let at = rest.iter().position(|r| r == a)?;
+                rest.remove(at);
+            }
+            terms.insert(rest, c / dcoeff);
+        }
+        Some(Dim { terms })
+    }
+
     /// With the run-time symbols every monomial shares divided out (`B*T*D - 4*B*T*E` gives
     /// `D - 4*E`); `None` when a symbol is left (the monomials differ in their symbols).
     pub fn without_common_symbols(&self) -> Option<Dim> {
@@ -270,7 +297,11 @@ impl fmt::Display for Atom {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Atom::Sym(n) | Atom::Param(n) => write!(f, "{n}"),
-            Atom::FloorDiv(inner, d) => write!(f, "({inner})/{d}"),
+            // `floor((H - 1) / 2)`: integer division, written so it cannot be misread.
+            Atom::FloorDiv(inner, d) if inner.terms.len() > 1 => {
+                write!(f, "floor(({inner}) / {d})")
+            }
+            Atom::FloorDiv(inner, d) => write!(f, "floor({inner} / {d})"),
         }
     }
 }
@@ -336,7 +367,17 @@ mod tests {
             .add(&Dim::known(1));
         let env = HashMap::from([("H".to_string(), 9)]);
         assert_eq!(h.eval(&env), Some(4));
-        assert_eq!(h.to_string(), "(H - 3)/2 + 1");
+        assert_eq!(h.to_string(), "floor((H - 3) / 2) + 1");
+    }
+
+    #[test]
+    fn exact_division_by_a_monomial() {
+        let b = Dim::sym("B");
+        let numel = b.mul(&Dim::sym("T")).scale(64);
+        assert_eq!(numel.exact_div(&b.scale(4)), Some(Dim::sym("T").scale(16)));
+        assert_eq!(numel.exact_div(&b.scale(5)), None);
+        assert_eq!(numel.exact_div(&Dim::sym("C")), None);
+        assert_eq!(numel.exact_div(&numel), Some(Dim::known(1)));
     }
 
     #[test]

@@ -477,10 +477,29 @@ pub fn infer(
                 let n = expected.len();
                 expected[n - 2] = k.clone();
                 return Err(ShapeError::mismatch(1, expected, b).with_help(format!(
-                    "the inner dimensions of a matmul must agree: the left operand has {k} columns, the right one {k2} rows"
+                    "the inner dimensions of a matmul must agree: the left operand {} has {k} columns, the right one {} has {k2} rows",
+                    fmt_shape(a),
+                    fmt_shape(b)
                 )));
             }
-            let batch = broadcast(&a[..a.len() - 2].to_vec(), &b[..b.len() - 2].to_vec(), u)?;
+            let (batch_a, batch_b) = (a[..a.len() - 2].to_vec(), b[..b.len() - 2].to_vec());
+            let batch = broadcast(&batch_a, &batch_b, u).map_err(|e| {
+                let ShapeErrorKind::Broadcast { dim_a, dim_b, .. } = &e.kind else {
+                    return e;
+                };
+                // Both operands in full: the batch slices alone read like the operands.
+                ShapeError::invalid(
+                    1,
+                    format!(
+                        "the batch dimensions of {} (batch {}) and {} (batch {}) do not broadcast: {dim_a} against {dim_b}",
+                        fmt_shape(a),
+                        fmt_shape(&batch_a),
+                        fmt_shape(b),
+                        fmt_shape(&batch_b)
+                    ),
+                )
+                .with_help("a matmul multiplies the last two dimensions; the ones before them are batch dimensions, which must be equal or 1")
+            })?;
             let mut out = batch;
             out.push(a[a.len() - 2].clone());
             out.push(b[b.len() - 1].clone());
@@ -855,6 +874,57 @@ mod tests {
         let (a, b) = (s(&["B", "IN"]), s(&["HID", "10"]));
         assert!(infer(&Op::MatMul, &[(&a, DType::F32), (&b, DType::F32)], &mut u).is_err());
         assert!(u.obligations.is_empty());
+    }
+
+    #[test]
+    fn a_generic_parameter_equals_only_itself() {
+        let mut u = Unifier::default();
+        assert!(u.same(&Dim::param("IN"), &Dim::param("IN")));
+        assert!(!u.same(&Dim::param("IN"), &Dim::known(64)));
+        assert!(!u.same(&Dim::param("IN"), &Dim::param("HID")));
+        assert!(u.obligations.is_empty());
+    }
+
+    #[test]
+    fn compound_generic_relations_become_obligations() {
+        let mut u = Unifier::default();
+        let chw = Dim::param("C").mul(&Dim::param("HW"));
+        assert!(u.same(&chw, &Dim::param("FLAT")));
+        assert_eq!(
+            u.obligations,
+            vec![Obligation::Equal(chw, Dim::param("FLAT"))]
+        );
+    }
+
+    #[test]
+    fn a_head_split_over_symbols_becomes_an_obligation_on_the_generic_part() {
+        let mut u = Unifier::default();
+        let bt = Dim::sym("B").mul(&Dim::sym("T"));
+        let d = Dim::param("D");
+        let split = bt.mul(&d.floor_div(4)).scale(4);
+        assert!(u.same(&bt.mul(&d), &split));
+        assert_eq!(u.obligations.len(), 1);
+        // Symbols that do not factor out are decided now: B*D against T*D differ.
+        assert!(!u.same(&Dim::sym("B").mul(&d), &Dim::sym("T").mul(&d)));
+    }
+
+    #[test]
+    fn a_window_over_a_generic_size_becomes_an_obligation() {
+        let mut u = Unifier::default();
+        let conv = Op::Conv2d {
+            stride: [1, 1],
+            padding: [0, 0],
+        };
+        let (x, w) = (s(&["B", "1", "HH", "HH"]), s(&["4", "1", "5", "5"]));
+        let (out, _) = infer(&conv, &[(&x, DType::F32), (&w, DType::F32)], &mut u).unwrap();
+        assert_eq!(out[2].to_string(), "HH - 4");
+        assert_eq!(
+            u.obligations,
+            vec![
+                Obligation::Positive(Dim::param("HH").sub(&Dim::known(4))),
+                Obligation::Positive(Dim::param("HH").sub(&Dim::known(4)))
+            ]
+        );
     }
 
     #[test]

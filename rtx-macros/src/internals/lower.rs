@@ -106,13 +106,67 @@ impl<'a> Lowerer<'a> {
     ) -> Option<NodeId> {
         match self.push_checked(op, args, whole, callsite) {
             Ok(id) => Some(id),
-            Err(e) => {
+            Err(mut e) => {
+                if let Some(hint) = self.keepdim_hint(&e, args) {
+                    e.help = Some(hint);
+                }
                 let at: &dyn ToTokens = arg_tokens.get(e.arg).copied().unwrap_or(whole);
                 self.cx
                     .error_spanned_by(at.to_token_stream(), message(callsite, &e));
                 None
             }
         }
+    }
+
+    /// When a broadcast fails because an operand is a reduction that dropped its axes, and
+    /// keeping them as 1 would broadcast, the help says so (`x - mean(x, 1)` wants `keepdim`).
+    fn keepdim_hint(&self, e: &ShapeError, args: &[NodeId]) -> Option<String> {
+        if !matches!(e.kind, ShapeErrorKind::Broadcast { .. }) || args.len() != 2 {
+            return None;
+        }
+        for (i, &arg) in args.iter().enumerate() {
+            let node = self.graph.node(arg);
+            let (name, axes) = match &node.op {
+                Op::Sum {
+                    axes,
+                    keepdim: false,
+                } => ("sum", axes),
+                Op::Mean {
+                    axes,
+                    keepdim: false,
+                } => ("mean", axes),
+                Op::Max {
+                    axes,
+                    keepdim: false,
+                } => ("max", axes),
+                _ => continue,
+            };
+            let Some(&input) = node.args.first() else {
+                continue;
+            };
+            let mut kept = self.shape(input).clone();
+            for &a in axes {
+                if let Some(d) = kept.get_mut(a) {
+                    *d = Dim::known(1);
+                }
+            }
+            let other = self.shape(args[1 - i]);
+            if rtx_ir::broadcast(&kept, other, &mut Unifier::default()).is_err() {
+                continue;
+            }
+            let list: Vec<String> = axes.iter().map(|a| a.to_string()).collect();
+            let axes_arg = if list.len() == 1 {
+                list[0].clone()
+            } else {
+                format!("[{}]", list.join(", "))
+            };
+            return Some(format!(
+                "`{name}(..)` removed axis {axes_arg}, so its result is {} where {} would broadcast; keep the axis as 1 with `keepdim`: `{name}(x, {axes_arg}, keepdim)`",
+                fmt_shape(&node.shape),
+                fmt_shape(&kept)
+            ));
+        }
+        None
     }
 
     /// Pushes an op after its shape rule; relations over generic dimensions it needed become
@@ -187,11 +241,17 @@ impl<'a> Lowerer<'a> {
             vars: HashMap::new(),
         };
         let mut ok = true;
+        // Every input dimension with the expression it was written as, to check below that
+        // each symbol can be read from some input.
+        let mut input_dims: Vec<(Dim, &syn::Expr)> = Vec::new();
         for (index, inp) in f.inputs.iter().enumerate() {
             let mut shape = Vec::new();
             for d in &inp.dims {
                 match dim_from_expr(d, &f.symbols, &model.const_params, &sc.env) {
-                    Ok(d) => shape.push(d),
+                    Ok(dim) => {
+                        input_dims.push((dim.clone(), d));
+                        shape.push(dim)
+                    }
                     Err(e) => {
                         self.cx.syn_error(e);
                         ok = false;
@@ -217,6 +277,9 @@ impl<'a> Lowerer<'a> {
                 )
                 .ok()?;
             sc.vars.insert(inp.name.to_string(), Some(node));
+        }
+        if ok {
+            ok = self.symbols_are_bound(f, &input_dims);
         }
         let declared = self.declared_output(f, &sc);
         if !ok {
@@ -260,6 +323,37 @@ impl<'a> Lowerer<'a> {
             return None;
         }
         Some(out)
+    }
+
+    /// A symbolic dimension is bound on entry from an input axis that is that symbol alone;
+    /// one that appears only inside a product or a sum (`x: [B * T, 16]`), or in no input,
+    /// has no value to take, so it is refused here, at the user's line.
+    fn symbols_are_bound(&self, f: &GraphFnDef, input_dims: &[(Dim, &syn::Expr)]) -> bool {
+        let mut ok = true;
+        for sym in &f.symbols {
+            let name = sym.to_string();
+            let alone = input_dims.iter().any(
+                |(d, _)| matches!(d.as_single_atom(), Some(rtx_ir::Atom::Sym(s)) if *s == name),
+            );
+            if alone {
+                continue;
+            }
+            ok = false;
+            let inside = input_dims
+                .iter()
+                .find(|(d, _)| d.atoms().contains(&rtx_ir::Atom::Sym(name.clone())));
+            match inside {
+                Some((d, expr)) => self.cx.error_spanned_by(
+                    expr,
+                    format!("symbolic dimension `{name}` appears in the inputs only inside `{d}`, so its value cannot be read from an input's shape\n\n= help: give `{name}` an axis of its own in some input (e.g. `[{name}, ..]`), and reshape inside the graph"),
+                ),
+                None => self.cx.error_spanned_by(
+                    sym,
+                    format!("symbolic dimension `{name}` is not an axis of any input of `{}`, so it has no value when the function runs\n\n= help: use it in an input's shape, or remove it from `<..>`", f.name),
+                ),
+            }
+        }
+        ok
     }
 
     fn declared_output(&mut self, f: &GraphFnDef, sc: &Scope) -> Option<Shape> {
@@ -827,8 +921,27 @@ impl<'a> Lowerer<'a> {
                     .iter()
                     .map(|d| d.to_token_stream().to_string())
                     .collect();
+                // The callee's names as this call fills them in: `(here D = IN)`.
+                let mut filled: Vec<String> = Vec::new();
+                for d in &inp.dims {
+                    let mut names = Vec::new();
+                    dim_names(d, &mut names);
+                    for n in names {
+                        if let Some(v) = env.get(&n)
+                            && v.to_string() != n
+                            && !filled.iter().any(|f| f.starts_with(&format!("{n} =")))
+                        {
+                            filled.push(format!("{n} = {v}"));
+                        }
+                    }
+                }
+                let here = if filled.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (here {})", filled.join(", "))
+                };
                 let help = format!(
-                    "`{key}` takes `{}: {}[{}]`",
+                    "`{key}` takes `{}: {}[{}]`{here}",
                     inp.name,
                     if inp.dtype == ElemType::I64 {
                         "i64"
@@ -904,6 +1017,32 @@ impl<'a> Lowerer<'a> {
             return None;
         }
         Some(if v < 0 { (v + r) as usize } else { v as usize })
+    }
+
+    /// The `-1` of a target shape: the input's element count divided by the other target
+    /// dimensions (`shape` holds 1 in the `-1`'s place), when that division is exact.
+    fn infer_minus_one(
+        &self,
+        op: &str,
+        from: &[Dim],
+        shape: &[Dim],
+        at: &syn::Expr,
+    ) -> Option<Dim> {
+        let numel = from.iter().fold(Dim::known(1), |acc, d| acc.mul(d));
+        let others = shape.iter().fold(Dim::known(1), |acc, d| acc.mul(d));
+        match numel.exact_div(&others) {
+            Some(d) if d.as_const().is_none_or(|v| v >= 1) => Some(d),
+            _ => {
+                self.cx.error_spanned_by(
+                    at,
+                    format!(
+                        "cannot infer the -1 in `{op}`: the input {} has {numel} elements, which is not a whole multiple of {others} (the product of the other target dimensions)\n\n= help: write the dimension out, or change the others so they divide {numel}",
+                        fmt_shape(from)
+                    ),
+                );
+                None
+            }
+        }
     }
 
     /// Float labels in `cross_entropy` get their own message: the fix is in the signature.
@@ -1032,7 +1171,22 @@ impl<'a> Lowerer<'a> {
                         return None;
                     };
                     let mut shape = Vec::with_capacity(list.elems.len());
-                    for el in &list.elems {
+                    let mut inferred: Option<(usize, &syn::Expr)> = None;
+                    for (i, el) in list.elems.iter().enumerate() {
+                        if int_literal(el) == Some(-1) {
+                            if inferred.is_some() {
+                                self.cx.error_spanned_by(
+                                    el,
+                                    format!(
+                                        "only one dimension of `{op}`'s target shape can be -1"
+                                    ),
+                                );
+                                return None;
+                            }
+                            inferred = Some((i, el));
+                            shape.push(Dim::known(1));
+                            continue;
+                        }
                         match dim_from_expr(el, &sc.symbols, &sc.model.const_params, &sc.env) {
                             Ok(d) => shape.push(d),
                             Err(err) => {
@@ -1040,6 +1194,10 @@ impl<'a> Lowerer<'a> {
                                 return None;
                             }
                         }
+                    }
+                    if let Some((i, el)) = inferred {
+                        let from = axes_of.clone().unwrap_or_default();
+                        shape[i] = self.infer_minus_one(op, &from, &shape, el)?;
                     }
                     Arg::Dims(shape)
                 }
@@ -1218,6 +1376,29 @@ fn int_literal(e: &syn::Expr) -> Option<i64> {
         }
         syn::Expr::Paren(p) => int_literal(&p.expr),
         _ => None,
+    }
+}
+
+/// The identifiers of a dimension expression (`D` and `H` in `D * H / 2`).
+fn dim_names(e: &syn::Expr, out: &mut Vec<String>) {
+    match e {
+        syn::Expr::Path(p) => {
+            if let Some(id) = p.path.get_ident() {
+                out.push(id.to_string());
+            }
+        }
+        syn::Expr::Binary(b) => {
+            dim_names(&b.left, out);
+            dim_names(&b.right, out);
+        }
+        syn::Expr::Paren(p) => dim_names(&p.expr, out),
+        syn::Expr::Group(g) => dim_names(&g.expr, out),
+        syn::Expr::Block(b) => {
+            if let Some(syn::Stmt::Expr(inner, None)) = b.block.stmts.first() {
+                dim_names(inner, out);
+            }
+        }
+        _ => {}
     }
 }
 

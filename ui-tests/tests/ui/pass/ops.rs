@@ -19,7 +19,7 @@ impl Zoo {
             let ctx = matmul(scores, h);                                 // [B, T, 16]
             let y = self.fc(concat([ctx, gelu(a)], 2));                  // [B, T, 16]
             let heads = permute(reshape(y, [B, T, 4, 4]), [0, 2, 1, 3]); // [B, 4, T, 4]
-            let back = reshape(permute(heads, [0, 2, 1, 3]), [B, T, 16]);
+            let back = reshape(permute(heads, [0, 2, 1, 3]), [B, T, -1]); // -1 inferred: 16
             tanh(back) + sigmoid(y) * 0.5
         }
 
