@@ -119,12 +119,37 @@ pub(crate) fn self_type_name(i: &syn::ItemImpl) -> Option<syn::Ident> {
 #[doc(hidden)]
 #[proc_macro]
 pub fn __model_impl(input: TokenStream) -> TokenStream {
-    match syn::parse::<expand_graph::ImplInput>(input) {
+    let input: TokenStream2 = input.into();
+    // Tokens that reached here through a callback's body (the struct's fields, a nested
+    // model's definition) carry that callback's expansion, and rustc would end every error on
+    // them with "this error originates in the macro `__rtx_graph_..`". The user's impl came
+    // through as an argument and has none: give every token its resolution, keeping its place.
+    let input = match syn::parse2::<expand_graph::ImplInput>(input.clone()) {
+        Ok(parsed) => respan(input, parsed.item_impl.impl_token.span),
+        Err(_) => input,
+    };
+    match syn::parse2::<expand_graph::ImplInput>(input) {
         Ok(i) => expand_graph::expand(i)
             .unwrap_or_else(|e| e.to_compile_error())
             .into(),
         Err(e) => e.to_compile_error().into(),
     }
+}
+
+/// `tokens` with every span resolving like `anchor` but located where it was.
+fn respan(tokens: TokenStream2, anchor: proc_macro2::Span) -> TokenStream2 {
+    tokens
+        .into_iter()
+        .map(|mut tt| {
+            if let proc_macro2::TokenTree::Group(g) = &tt {
+                let mut group = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), anchor));
+                group.set_span(anchor.located_at(g.span()));
+                return proc_macro2::TokenTree::Group(group);
+            }
+            tt.set_span(anchor.located_at(tt.span()));
+            tt
+        })
+        .collect()
 }
 
 /// `graph!` is read by `#[model]` on the enclosing impl; on its own it is an error.

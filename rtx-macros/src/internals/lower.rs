@@ -567,6 +567,7 @@ impl<'a> Lowerer<'a> {
                     &args,
                     &format!("self.{method}(..)"),
                     m,
+                    None,
                 );
             }
             self.unknown_field(sc, &m.method, &method);
@@ -848,7 +849,34 @@ impl<'a> Lowerer<'a> {
         } else {
             format!("self.{field}.{method}(..)")
         };
-        self.inline_call(&inner, &nm.graph.fns, prefix, env, &f, args, &callsite, m)
+        // An error in the nested model's lines here holds for this instance only (its own
+        // expansion checked it for every instance): say which one, and where it is nested.
+        let values: Vec<String> = inner
+            .const_params
+            .iter()
+            .filter_map(|p| env.get(&p.to_string()).map(|v| format!("{p} = {v}")))
+            .collect();
+        let instance = if values.is_empty() {
+            type_name.clone()
+        } else {
+            format!("{type_name}<{}>", values.join(", "))
+        };
+        let context = format!(
+            "in `{instance}`, the model of `self.{}` in `{}`",
+            join(&sc.prefix, field),
+            sc.model.name
+        );
+        self.inline_call(
+            &inner,
+            &nm.graph.fns,
+            prefix,
+            env,
+            &f,
+            args,
+            &callsite,
+            m,
+            Some(context),
+        )
     }
 
     /// Inlines graph function `f` (of `model`) applied to `args`, checking each argument
@@ -864,6 +892,7 @@ impl<'a> Lowerer<'a> {
         args: &[NodeId],
         callsite: &str,
         m: &syn::ExprMethodCall,
+        context: Option<String>,
     ) -> Option<NodeId> {
         let key = format!("{}::{}", model.name, f.name);
         if self.stack.contains(&key) || self.stack.len() > 32 {
@@ -992,7 +1021,14 @@ impl<'a> Lowerer<'a> {
             vars,
         };
         self.stack.push(key);
+        let has_context = context.is_some();
+        if let Some(note) = context {
+            self.cx.push_context(note);
+        }
         let out = self.lower_block(&mut sc, &f.body);
+        if has_context {
+            self.cx.pop_context();
+        }
         self.stack.pop();
         out
     }
