@@ -244,6 +244,8 @@ impl<'a> Lowerer<'a> {
         // Every input dimension with the expression it was written as, to check below that
         // each symbol can be read from some input.
         let mut input_dims: Vec<(Dim, &syn::Expr)> = Vec::new();
+        // A name the signature does not declare is one mistake however often it is used.
+        let mut reported: Vec<String> = Vec::new();
         for (index, inp) in f.inputs.iter().enumerate() {
             let mut shape = Vec::new();
             for d in &inp.dims {
@@ -253,7 +255,7 @@ impl<'a> Lowerer<'a> {
                         shape.push(dim)
                     }
                     Err(e) => {
-                        self.cx.syn_error(e);
+                        self.report_once(e, &mut reported);
                         ok = false;
                     }
                 }
@@ -281,7 +283,7 @@ impl<'a> Lowerer<'a> {
         if ok {
             ok = self.symbols_are_bound(f, &input_dims);
         }
-        let declared = self.declared_output(f, &sc);
+        let declared = self.declared_output(f, &sc, &mut reported);
         if !ok {
             return None;
         }
@@ -356,18 +358,32 @@ impl<'a> Lowerer<'a> {
         ok
     }
 
-    fn declared_output(&mut self, f: &GraphFnDef, sc: &Scope) -> Option<Shape> {
+    fn declared_output(
+        &mut self,
+        f: &GraphFnDef,
+        sc: &Scope,
+        reported: &mut Vec<String>,
+    ) -> Option<Shape> {
         let mut shape = Vec::new();
         for d in &f.output {
             match dim_from_expr(d, &f.symbols, &sc.model.const_params, &sc.env) {
                 Ok(d) => shape.push(d),
                 Err(e) => {
-                    self.cx.syn_error(e);
+                    self.report_once(e, reported);
                     return None;
                 }
             }
         }
         Some(shape)
+    }
+
+    /// Reports `e` unless the same message was reported before (`reported`).
+    fn report_once(&self, e: syn::Error, reported: &mut Vec<String>) {
+        let text = e.to_string();
+        if !reported.contains(&text) {
+            reported.push(text);
+            self.cx.syn_error(e);
+        }
     }
 
     fn lower_block(&mut self, sc: &mut Scope, block: &syn::Block) -> Option<NodeId> {
@@ -550,6 +566,13 @@ impl<'a> Lowerer<'a> {
         // self.field(x) or self.graph_fn(x..)
         if is_self(&m.receiver) {
             let args: Vec<Option<NodeId>> = m.args.iter().map(|a| self.lower_expr(sc, a)).collect();
+            // A misspelled field is its own mistake, reported even when an argument failed.
+            let known =
+                sc.model.field(&method).is_some() || sc.fns.iter().any(|f| f.name == method);
+            if !known {
+                self.unknown_field(sc, &m.method, &method);
+                return None;
+            }
             let args: Vec<NodeId> = args.into_iter().collect::<Option<_>>()?;
             if let Some(field) = sc.model.field(&method).cloned() {
                 return self.layer_call(sc, &field.kind, &method, &args, m, e);
@@ -578,11 +601,11 @@ impl<'a> Lowerer<'a> {
             && is_self(&f.base)
         {
             let name = member_name(&f.member);
+            let args: Vec<Option<NodeId>> = m.args.iter().map(|a| self.lower_expr(sc, a)).collect();
             let Some(field) = sc.model.field(&name).cloned() else {
                 self.unknown_field(sc, &f.member, &name);
                 return None;
             };
-            let args: Vec<Option<NodeId>> = m.args.iter().map(|a| self.lower_expr(sc, a)).collect();
             let args: Vec<NodeId> = args.into_iter().collect::<Option<_>>()?;
             return self.nested_call(sc, &field.kind, &name, &method, &args, m);
         }
