@@ -1,9 +1,10 @@
 //! Shape rules: one per op, run by the macro at expansion and by the executor at run time.
 //!
 //! A rule sees argument shapes whose dimensions may be literal, symbolic or generic. Literal
-//! and symbolic dimensions must agree exactly (`B` never equals `T`). Where a generic parameter
-//! is involved the rule cannot decide alone, so it records an obligation in the `Unifier`; the
-//! macro turns each obligation into a trait check that rustc runs at `cargo check`.
+//! and symbolic dimensions must agree exactly (`B` never equals `T`), and a generic parameter
+//! equals only itself. A compound relation over generic parameters (`C*H*W` against `FLAT`)
+//! may hold for some values, so the rule records an `Obligation` in the `Unifier`; the macro
+//! checks it when the model is instantiated with concrete values.
 
 // One file on purpose: the shape rules are a single exhaustive `match` over `Op`, so adding a
 // core op fails to compile until its rule is written here, and the unifier they share lives

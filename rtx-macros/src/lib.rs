@@ -2,8 +2,8 @@
 //!
 //! In the map of DESIGN.md this crate runs `rtx-ir` at compile time: it parses a model struct
 //! and its `graph!` functions, infers every shape (errors point at the user's sub-expression),
-//! derives the backward pass on the IR and emits Rust that calls `rtx_core::ops::run_op` node
-//! by node. `rtx-core` re-exports the macros, so users import only `rtx_core::prelude::*`.
+//! derives the backward pass on the IR, rewrites and fuses it, and emits the Rust schedule
+//! that runs it. `rtx-core` re-exports the macros, so users import only `rtx_core::prelude::*`.
 //!
 //! A macro sees one item, so `#[model]` on the struct emits a hidden `macro_rules!` callback
 //! holding the struct's definition; `#[model]` on the impl expands to a call of that callback,

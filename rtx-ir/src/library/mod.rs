@@ -273,7 +273,7 @@ pub const LIBRARY: &[LibraryOp] = &[
     row(
         "reshape",
         &[Tensor("x"), Dims("dims")],
-        "the same elements in row-major order under new dimensions, e.g. `[B, 8, 8]`",
+        "the same elements in row-major order under new dimensions, e.g. `[B, 8, 8]`; one of them may be -1, inferred from the element count",
         reshape,
     ),
     row(
