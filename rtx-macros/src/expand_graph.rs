@@ -297,28 +297,7 @@ fn stand_in(
     let (impl_g, _, where_g) = item_impl.generics.split_for_impl();
     let self_ty = &item_impl.self_ty;
     let attrs = &item_impl.attrs;
-    let mut methods = TokenStream::new();
-    for f in graph.map(|g| g.fns.as_slice()).unwrap_or_default() {
-        let name = &f.name;
-        let with = format_ident!("{}_with", name);
-        let args: Vec<&syn::Ident> = f.inputs.iter().map(|i| &i.name).collect();
-        methods.extend(quote! {
-            pub fn #name(&self, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
-                ::core::unreachable!()
-            }
-            pub fn #with(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
-                ::core::unreachable!()
-            }
-        });
-        if f.output.is_empty() {
-            let and_grads = format_ident!("{}_and_grads", name);
-            methods.extend(quote! {
-                pub fn #and_grads(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<(::rtx_core::Tensor, ::rtx_core::Grads)> {
-                    ::core::unreachable!()
-                }
-            });
-        }
-    }
+    let methods = stand_in_methods(graph);
     let callback = crate::self_type_name(item_impl)
         .map(|name| {
             crate::graph_callback(
@@ -342,6 +321,38 @@ fn stand_in(
         }
         #callback
     }
+}
+
+/// Every graph function's methods with the signatures they would have, and bodies that never
+/// run (the crate does not build): `forward`, `forward_with` and, for a scalar result,
+/// `forward_and_grads`.
+pub fn stand_in_methods(graph: Option<&GraphDef>) -> TokenStream {
+    let mut methods = TokenStream::new();
+    for f in graph.map(|g| g.fns.as_slice()).unwrap_or_default() {
+        let name = &f.name;
+        let with = format_ident!("{}_with", name);
+        let args: Vec<&syn::Ident> = f.inputs.iter().map(|i| &i.name).collect();
+        methods.extend(quote! {
+            #[allow(unused_variables)]
+            pub fn #name(&self, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
+                ::core::unreachable!()
+            }
+            #[allow(unused_variables)]
+            pub fn #with(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
+                ::core::unreachable!()
+            }
+        });
+        if f.output.is_empty() {
+            let and_grads = format_ident!("{}_and_grads", name);
+            methods.extend(quote! {
+                #[allow(unused_variables)]
+                pub fn #and_grads(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<(::rtx_core::Tensor, ::rtx_core::Grads)> {
+                    ::core::unreachable!()
+                }
+            });
+        }
+    }
+    methods
 }
 
 /// With `RTX_EXPANSION_TIME` set, prints how long the compiler took on this model (parse,

@@ -155,9 +155,14 @@ fn respan(tokens: TokenStream2, anchor: proc_macro2::Span) -> TokenStream2 {
 /// `graph!` is read by `#[model]` on the enclosing impl; on its own it is an error.
 #[proc_macro]
 pub fn graph(input: TokenStream) -> TokenStream {
-    let _ = input;
     // Spans the whole `graph! { .. }` invocation: the error is where graph! stands.
-    syn::Error::new(proc_macro2::Span::call_site(), "graph! must be inside an impl marked #[model]\n\n= help: add `#[model]` on the line above the `impl` that holds this graph! block")
-        .to_compile_error()
-        .into()
+    let error = syn::Error::new(proc_macro2::Span::call_site(), "graph! must be inside an impl marked #[model]\n\n= help: add `#[model]` on the line above the `impl` that holds this graph! block")
+        .to_compile_error();
+    // The block stands among the impl's items: it still gives the type its graph methods, so
+    // the code that calls them reports nothing more.
+    let graph =
+        syn::parse2::<internals::ast::GraphDef>(internals::ast::where_as_raw_ident(input.into()))
+            .ok();
+    let methods = expand_graph::stand_in_methods(graph.as_ref());
+    quote!(#error #methods).into()
 }

@@ -13,4 +13,7 @@ impl Mlp {
     }
 }
 
-fn main() {}
+fn main() {
+    let m = Mlp::init(0);
+    let _ = m.forward(&Tensor::zeros(&[1, 64]));
+}
