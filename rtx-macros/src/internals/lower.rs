@@ -1053,7 +1053,19 @@ impl<'a> Lowerer<'a> {
             self.cx.pop_context();
         }
         self.stack.pop();
-        out
+        // A callee whose body disagrees with its declared result reports that where it is
+        // defined; its callers see a poisoned value, not the undeclared shape.
+        let out = out?;
+        let declared: Option<Shape> = f
+            .output
+            .iter()
+            .map(|d| dim_from_expr(d, &[], &model.const_params, &sc.env).ok())
+            .collect();
+        let computed = self.shape(out).clone();
+        match declared {
+            Some(d) if Unifier::default().same_shape(&d, &computed) => Some(out),
+            _ => None,
+        }
     }
 
     /// An axis argument of the tensor of shape `shape` (negative counts from the end).
