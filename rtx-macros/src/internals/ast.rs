@@ -151,6 +151,18 @@ pub fn dim_from_expr(
     }
 }
 
+/// A type as the user wrote it: `Vec<f32>`, not the token printer's `Vec < f32 >`.
+fn type_text(ty: &syn::Type) -> String {
+    ty.to_token_stream()
+        .to_string()
+        .replace(" < ", "<")
+        .replace(" <", "<")
+        .replace("< ", "<")
+        .replace(" >", ">")
+        .replace(" ,", ",")
+        .replace(" :: ", "::")
+}
+
 /// The layer types a field can have.
 const LAYERS: &[&str] = &[
     "Linear",
@@ -187,7 +199,7 @@ fn layer_kind(
             ty,
             format!(
                 "`{}` is not a layer: every field of a #[model] struct is a layer, a parameter or another #[model] struct\n\n= help: use Linear, Conv2d, Embedding, LayerNorm or Param1..Param4 (a learned scalar is `Param1<1>`); keep other state outside the model",
-                ty.to_token_stream()
+                type_text(ty)
             ),
         );
         return None;
