@@ -217,9 +217,10 @@ impl Dim {
         Some(Dim { terms })
     }
 
-    /// With the run-time symbols every monomial shares divided out (`B*T*D - 4*B*T*E` gives
-    /// `D - 4*E`); `None` when a symbol is left (the monomials differ in their symbols).
-    pub fn without_common_symbols(&self) -> Option<Dim> {
+    /// The product of the run-time symbols that every monomial holds (`B*T` in
+    /// `B*T*D - 4*B*T*E`), as a dimension with coefficient 1; `None` when the monomials hold
+    /// different symbols, or a symbol sits inside a floor division.
+    pub fn common_symbol_factor(&self) -> Option<Dim> {
         let syms = |mono: &[Atom]| -> Vec<Atom> {
             mono.iter()
                 .filter(|a| matches!(a, Atom::Sym(_)))
@@ -227,24 +228,27 @@ impl Dim {
                 .collect()
         };
         let mut monos = self.terms.keys();
-        let Some(first) = monos.next() else {
-            return Some(self.clone());
-        };
-        let common = syms(first);
+        let common = monos.next().map(|m| syms(m)).unwrap_or_default();
         if monos.any(|m| syms(m) != common) {
             return None;
         }
         let mut terms = BTreeMap::new();
-        for (mono, c) in &self.terms {
-            let rest: Vec<Atom> = mono
-                .iter()
-                .filter(|a| !matches!(a, Atom::Sym(_)))
-                .cloned()
-                .collect();
-            terms.insert(rest, *c);
-        }
-        let out = Dim { terms };
-        (!out.has_sym()).then_some(out)
+        terms.insert(common, 1);
+        let factor = Dim { terms };
+        let rest = self.exact_div(&factor)?;
+        (!rest.has_sym()).then_some(factor)
+    }
+
+    /// True when the dimension cannot be zero for any positive values of its atoms: no floor
+    /// division, and every coefficient of one sign (`IN`, `2*IN - 0`, `-HID - 3`).
+    pub fn never_zero(&self) -> bool {
+        let no_floor = self
+            .atoms()
+            .iter()
+            .all(|a| !matches!(a, Atom::FloorDiv(..)));
+        let positive = self.terms.values().all(|&c| c > 0);
+        let negative = self.terms.values().all(|&c| c < 0);
+        !self.terms.is_empty() && no_floor && (positive || negative)
     }
 
     /// Monomials with their coefficients, for code generation.

@@ -116,7 +116,14 @@ fn take_graph(item: &syn::ItemImpl, cx: &Ctxt) -> (Option<GraphDef>, Vec<syn::Im
                 match syn::parse2::<GraphDef>(crate::internals::ast::where_as_raw_ident(
                     m.mac.tokens.clone(),
                 )) {
-                    Ok(g) if graph.is_none() => graph = Some(g),
+                    Ok(g) if graph.is_none() => {
+                        for f in &g.fns {
+                            if let Some(e) = &f.body_error {
+                                cx.syn_error(e.clone());
+                            }
+                        }
+                        graph = Some(g)
+                    }
                     Ok(_) => cx.error_spanned_by(&m.mac, "only one graph! block per #[model] impl"),
                     Err(e) => cx.syn_error(e),
                 }
@@ -174,10 +181,7 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
         _ => None,
     }) {
         let mut path = missing;
-        // The nested type's path names its struct callback, which finds the graph callback
-        // beside it (`crate::enc::Encoder!` -> `crate::enc::__rtx_graph_..!`).
-        let mut prefix = path.clone();
-        prefix.segments.pop();
+        // The nested type's path names its graph callback too (`crate::enc::Encoder!`).
         if let Some(last) = path.segments.last_mut() {
             last.arguments = syn::PathArguments::None;
         }
@@ -186,9 +190,7 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
             let raw = &n.raw;
             quote!(@nested { #raw })
         });
-        return Ok(
-            quote! { #path! { @request [#prefix] @struct { #s } @impl { #i } #(#nested_sections)* } },
-        );
+        return Ok(quote! { #path! { @struct { #s } @impl { #i } #(#nested_sections)* } });
     }
 
     let (graph, rest) = take_graph(&input.item_impl, &cx);
@@ -211,17 +213,28 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
     let mut methods = Vec::new();
     let mut obligations = Vec::new();
     let mut all_lowered = true;
+    let mut silent = Vec::new();
     for (fi, f) in graph.fns.iter().enumerate() {
-        if let Some((ir, params, obl)) = lower_fn(&cx, &model, &graph, f, &nested) {
+        let (lowered, broken_nested) = lower_fn(&cx, &model, &graph, f, &nested);
+        if let Some((ir, params, obl)) = lowered {
             methods.push(emit_fn(&model, f, fi, &ir, &params));
             fns_ir.push(ir);
             obligations.extend(obl);
         } else {
             all_lowered = false;
+            if !broken_nested {
+                silent.push(f);
+            }
+        }
+    }
+    // A function fails silently only when it reads a nested model that failed and reported
+    // why. Anything else would compile a stand-in with no error: never let that happen.
+    if !cx.has_errors() {
+        for f in silent {
+            cx.error_spanned_by(&f.name, format!("internal error: `{}` could not be compiled, but no error says why; please report this with the model", f.name));
         }
     }
     let obligation_checks = emit_obligations(&model, &obligations);
-    // A function can fail silently: it reads a nested model that failed and reported it.
     let errors = cx.check().err().map(|e| e.to_compile_error());
     if errors.is_some() || !all_lowered {
         return Ok(stand_in(&input.item_impl, Some(&graph), &rest, errors));
@@ -377,14 +390,28 @@ fn lower_fn(
     graph: &GraphDef,
     f: &GraphFnDef,
     nested: &HashMap<String, Option<NestedModel>>,
-) -> Option<(GraphFn, Vec<ParamRef>, Vec<Obligation>)> {
+) -> (Option<LoweredFn>, bool) {
     let mut lw = Lowerer::new(cx, nested);
+    let lowered = lower_fn_with(&mut lw, cx, model, graph, f);
+    (lowered, lw.broken_nested)
+}
+
+/// A graph function's IR, the parameters it reads and its instantiation checks.
+type LoweredFn = (GraphFn, Vec<ParamRef>, Vec<Obligation>);
+
+fn lower_fn_with(
+    lw: &mut Lowerer,
+    cx: &Ctxt,
+    model: &ModelStruct,
+    graph: &GraphDef,
+    f: &GraphFnDef,
+) -> Option<LoweredFn> {
     let out = lw.lower_fn(model, graph, f)?;
     let forward_len = lw.graph.len();
     let mut ir = GraphFn {
         name: f.name.to_string(),
         symbols: f.symbols.iter().map(|s| s.to_string()).collect(),
-        graph: lw.graph,
+        graph: std::mem::take(&mut lw.graph),
         output: out,
         forward_len,
         grads: Vec::new(),
@@ -425,7 +452,11 @@ fn lower_fn(
         rewritten.remove_dead_nodes();
         ir = rewritten;
     }
-    Some((ir, lw.params, lw.obligations))
+    Some((
+        ir,
+        std::mem::take(&mut lw.params),
+        std::mem::take(&mut lw.obligations),
+    ))
 }
 
 /// Binds each input's symbolic dims and checks the rest, in declaration order.
@@ -641,11 +672,17 @@ fn emit_obligations(model: &ModelStruct, obligations: &[Obligation]) -> TokenStr
                     format!("`: `{a}` must equal `{b}`, but here `{a}` = "),
                     format!(" and `{b}` = "),
                 );
+                // Mixed-site locals: a const parameter named `a` keeps its meaning in `#instance`.
+                let (a_id, b_id, m_id) = (
+                    syn::Ident::new("a", Span::mixed_site()),
+                    syn::Ident::new("b", Span::mixed_site()),
+                    syn::Ident::new("m", Span::mixed_site()),
+                );
                 quote_spanned! {first=>
-                    let (a, b): (i128, i128) = (#ea, #eb);
-                    if a != b {
-                        let m = ::rtx_core::shapes::ConstMessage::new().text(#head) #instance .text(#ta).int(a).text(#tb).int(b);
-                        ::core::panic!("{}", m.as_str());
+                    let (#a_id, #b_id): (i128, i128) = (#ea, #eb);
+                    if #a_id != #b_id {
+                        let #m_id = ::rtx_core::shapes::ConstMessage::new().text(#head) #instance .text(#ta).int(#a_id).text(#tb).int(#b_id);
+                        ::core::panic!("{}", #m_id.as_str());
                     }
                 }
             }
@@ -655,11 +692,15 @@ fn emit_obligations(model: &ModelStruct, obligations: &[Obligation]) -> TokenStr
                 let tail = format!(
                     "`: the window does not fit, its output size `{d}` must be at least 1, but here it is "
                 );
+                let (v_id, m_id) = (
+                    syn::Ident::new("v", Span::mixed_site()),
+                    syn::Ident::new("m", Span::mixed_site()),
+                );
                 quote_spanned! {first=>
-                    let v: i128 = #e;
-                    if v < 1 {
-                        let m = ::rtx_core::shapes::ConstMessage::new().text(#head) #instance .text(#tail).int(v);
-                        ::core::panic!("{}", m.as_str());
+                    let #v_id: i128 = #e;
+                    if #v_id < 1 {
+                        let #m_id = ::rtx_core::shapes::ConstMessage::new().text(#head) #instance .text(#tail).int(#v_id);
+                        ::core::panic!("{}", #m_id.as_str());
                     }
                 }
             }

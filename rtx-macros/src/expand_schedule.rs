@@ -16,6 +16,24 @@ use rtx_ir::fusion::{Instr, Operand, Pointwise, RowInstr, RowReduce, Step, plan}
 use rtx_ir::{Atom, Dim, GraphFn, NodeId, Op};
 
 /// `Dim` as a run-time `usize` expression over bound symbols (`__d_B`) and const generics.
+/// `self.enc.__rtx_field_fc().weight` for the parameter at `["enc", "fc", "weight"]`: the
+/// model's own field directly, a nested model's fields through the accessors `#[model]` gives
+/// every struct (they may be private to another module), the layer's tensor directly (`pub`).
+fn param_path(access: &[String]) -> TokenStream {
+    let mut path = quote!(self);
+    let last = access.len().saturating_sub(1);
+    for (i, a) in access.iter().enumerate() {
+        if i == 0 || i == last {
+            let f = format_ident!("{}", a);
+            path.extend(quote!(.#f));
+        } else {
+            let f = format_ident!("__rtx_field_{}", a);
+            path.extend(quote!(.#f()));
+        }
+    }
+    path
+}
+
 pub fn dim_expr(d: &Dim) -> TokenStream {
     let mut terms = Vec::new();
     for (atoms, coeff) in d.terms() {
@@ -93,8 +111,8 @@ fn leaf(ir: &GraphFn, id: NodeId, params: &[ParamRef], f: &GraphFnDef) -> TokenS
                 .find(|p| p.name == *name)
                 .map(|p| p.access.clone())
                 .unwrap_or_default();
-            let fields = access.iter().map(|a| format_ident!("{}", a));
-            quote!(let #var: &::rtx_core::Tensor = &self #(. #fields)*;)
+            let path = param_path(&access);
+            quote!(let #var: &::rtx_core::Tensor = &#path;)
         }
         Op::Const { value: c } => {
             let v = value(id);
@@ -539,11 +557,11 @@ pub fn param_checks(ir: &GraphFn, params: &[ParamRef]) -> TokenStream {
         let Some(p) = params.iter().find(|p| p.name == *name) else {
             continue;
         };
-        let fields = p.access.iter().map(|a| format_ident!("{}", a));
+        let path = param_path(&p.access);
         let declared = rtx_ir::fmt_shape(shape);
         let dims = shape.iter().map(dim_expr);
         out.extend(quote! {
-            __b.param(#name, &self #(. #fields)*, #declared, &[#(#dims),*])?;
+            __b.param(#name, &#path, #declared, &[#(#dims),*])?;
         });
     }
     out

@@ -52,12 +52,29 @@ pub fn expand(item: syn::ItemStruct) -> syn::Result<TokenStream> {
     let fields: Vec<&syn::Ident> = model.fields.iter().map(|f| &f.name).collect();
     let tys: Vec<&syn::Type> = model.fields.iter().map(|f| &f.ty).collect();
     let names: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
+    let accessors: Vec<syn::Ident> = fields
+        .iter()
+        .map(|f| quote::format_ident!("__rtx_field_{}", f))
+        .collect();
     let callback = crate::struct_callback(
         name,
         quote!(::rtx_core::__model_impl! { @struct { #item } $($rest)* }),
     );
     Ok(quote! {
         #item
+
+        // Read access to every field for models that nest this one from another module
+        // (their generated code reads the parameters of this model's layers).
+        #[allow(private_interfaces, dead_code, non_snake_case)]
+        impl #impl_g #name #ty_g #where_g {
+            #(
+                #[doc(hidden)]
+                #[inline(always)]
+                pub fn #accessors(&self) -> &#tys {
+                    &self.#fields
+                }
+            )*
+        }
 
         impl #impl_g ::rtx_core::Module for #name #ty_g #where_g {
             fn init_with(rng: &mut ::rtx_core::Rng) -> Self {

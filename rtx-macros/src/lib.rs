@@ -44,10 +44,12 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
                 .to_compile_error()
                 .into();
             };
-            // The struct's callback macro has the type's name (see `struct_callback`): a
-            // misspelled type reads "cannot find macro `Mpl`", never a hidden name.
-            let callback = syn::Ident::new(&name.to_string(), name.span());
-            quote!(#callback! { @impl { #i } }).into()
+            let callback = callback_ident("model", &name.to_string(), name.span());
+            // The empty impl makes rustc report a misspelled type as "cannot find type", with
+            // its did-you-mean, next to the unavoidable "cannot find macro" of the callback.
+            let (impl_g, _, where_g) = i.generics.split_for_impl();
+            let self_ty = &i.self_ty;
+            quote!(#callback! { @impl { #i } } impl #impl_g #self_ty #where_g {}).into()
         }
         Err(_) => syn::Error::new_spanned(
             item2,
@@ -58,9 +60,10 @@ pub fn model(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-/// The name of a model's hidden graph callback: `__rtx_graph_Mlp_<hash>`. Users never meet it:
-/// it is reached through the macro that carries the type's own name (`struct_callback`,
-/// `graph_callback`). The hash keeps two similar names apart for rustc's did-you-mean.
+/// The name of a model's hidden callback macros: `__rtx_model_Mlp_<hash>` (from the struct,
+/// for its impl) and `__rtx_graph_Mlp_<hash>` (from the impl, for nesting models; they reach
+/// it under the type's own name, see `graph_callback`). The hash of the type name keeps two
+/// similar names apart, so rustc never suggests one for the other.
 pub(crate) fn callback_ident(kind: &str, type_name: &str, span: proc_macro2::Span) -> syn::Ident {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in type_name.bytes() {
@@ -69,31 +72,28 @@ pub(crate) fn callback_ident(kind: &str, type_name: &str, span: proc_macro2::Spa
     syn::Ident::new(&format!("__rtx_{kind}_{type_name}_{h:016x}"), span)
 }
 
-/// The macro `#[model]` on a struct leaves for its `#[model] impl`, exported under the type's
-/// own name (macros and types live in different namespaces, so importing the type imports it
-/// too, and a misspelled type reads "cannot find macro `Mpl`", never a hidden name).
-/// `@request [path] ..`, from a model that nests this one, goes on to the graph callback that
-/// the impl defines, found next to the type (`path` is the nesting field's type path without
-/// its last segment); anything else is the impl's `@impl { .. }`, answered by `on_impl`.
+/// The macro `#[model]` on a struct leaves for its `#[model] impl` (in the same module), which
+/// calls it with `@impl { .. }`; it answers with `on_impl`.
 pub(crate) fn struct_callback(name: &syn::Ident, on_impl: TokenStream2) -> TokenStream2 {
     let model = callback_ident("model", &name.to_string(), name.span());
-    let graph = callback_ident("graph", &name.to_string(), name.span());
     quote! {
         #[doc(hidden)]
         #[allow(unused_macros)]
         macro_rules! #model {
-            (@request [$($path:tt)*] $($rest:tt)*) => { $($path)* #graph! { $($rest)* } };
             ($($rest:tt)*) => { #on_impl };
         }
         #[doc(hidden)]
         #[allow(unused_imports)]
-        pub(crate) use #model as #name;
+        pub(crate) use #model;
     }
 }
 
-/// The macro `#[model]` on an impl leaves for models that nest this one (reached through the
-/// struct's, see `struct_callback`): it answers with `on_request`, this model's definition or
-/// `@broken { Name }`.
+/// The macro `#[model]` on an impl leaves for models that nest this one: it answers with
+/// `on_request` (this model's definition, or `@broken { Name }`). It is exported under the
+/// type's own name (macros and types live in different namespaces), so wherever the type is
+/// in scope (defined there, imported with `use`, or named by a path) the nesting model reaches
+/// it by the path it wrote for the field's type, and a misspelled type reads "cannot find
+/// macro `Encodr`", never a hidden name.
 pub(crate) fn graph_callback(name: &syn::Ident, on_request: TokenStream2) -> TokenStream2 {
     let graph = callback_ident("graph", &name.to_string(), name.span());
     quote! {
@@ -104,7 +104,7 @@ pub(crate) fn graph_callback(name: &syn::Ident, on_request: TokenStream2) -> Tok
         }
         #[doc(hidden)]
         #[allow(unused_imports)]
-        pub(crate) use #graph;
+        pub(crate) use #graph as #name;
     }
 }
 
@@ -125,7 +125,7 @@ pub fn __model_impl(input: TokenStream) -> TokenStream {
     // them with "this error originates in the macro `__rtx_graph_..`". The user's impl came
     // through as an argument and has none: give every token its resolution, keeping its place.
     let input = match syn::parse2::<expand_graph::ImplInput>(input.clone()) {
-        Ok(parsed) => respan(input, parsed.item_impl.impl_token.span),
+        Ok(parsed) => respan_sections(input, parsed.item_impl.impl_token.span),
         Err(_) => input,
     };
     match syn::parse2::<expand_graph::ImplInput>(input) {
@@ -136,20 +136,43 @@ pub fn __model_impl(input: TokenStream) -> TokenStream {
     }
 }
 
+/// The sections of `__model_impl!`'s input (`@struct { .. } @impl { .. } @nested { .. }`)
+/// respanned by `respan`, except the user's impl: it arrived as a macro argument, with the
+/// user's own resolution, which its methods keep.
+fn respan_sections(tokens: TokenStream2, anchor: proc_macro2::Span) -> TokenStream2 {
+    let mut tag = String::new();
+    tokens
+        .into_iter()
+        .map(|tt| match &tt {
+            proc_macro2::TokenTree::Ident(i) => {
+                tag = i.to_string();
+                tt
+            }
+            proc_macro2::TokenTree::Group(_) if tag != "impl" => respan_tree(tt, anchor),
+            _ => tt,
+        })
+        .collect()
+}
+
 /// `tokens` with every span resolving like `anchor` but located where it was.
 fn respan(tokens: TokenStream2, anchor: proc_macro2::Span) -> TokenStream2 {
     tokens
         .into_iter()
-        .map(|mut tt| {
-            if let proc_macro2::TokenTree::Group(g) = &tt {
-                let mut group = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), anchor));
-                group.set_span(anchor.located_at(g.span()));
-                return proc_macro2::TokenTree::Group(group);
-            }
-            tt.set_span(anchor.located_at(tt.span()));
-            tt
-        })
+        .map(|tt| respan_tree(tt, anchor))
         .collect()
+}
+
+fn respan_tree(
+    mut tt: proc_macro2::TokenTree,
+    anchor: proc_macro2::Span,
+) -> proc_macro2::TokenTree {
+    if let proc_macro2::TokenTree::Group(g) = &tt {
+        let mut group = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), anchor));
+        group.set_span(anchor.located_at(g.span()));
+        return proc_macro2::TokenTree::Group(group);
+    }
+    tt.set_span(anchor.located_at(tt.span()));
+    tt
 }
 
 /// `graph!` is read by `#[model]` on the enclosing impl; on its own it is an error.

@@ -163,6 +163,44 @@ fn type_text(ty: &syn::Type) -> String {
         .replace(" :: ", "::")
 }
 
+/// The layer `name` is a typo of: the same letters but for one swapped pair, one letter
+/// changed, added or dropped inside the word (first and last letters kept, so `QLinear`,
+/// `Params` or `ConvBn` stay names of nested models), or another capitalization (`Conv2D`).
+fn layer_typo(name: &str) -> Option<&'static str> {
+    let n: Vec<char> = name.chars().collect();
+    LAYERS.iter().copied().find(|layer| {
+        let l: Vec<char> = layer.chars().collect();
+        if name.eq_ignore_ascii_case(layer) {
+            return name != *layer;
+        }
+        if n.first() != l.first() || n.last() != l.last() {
+            return false;
+        }
+        let is_digit_change = |a: char, b: char| a.is_ascii_digit() || b.is_ascii_digit();
+        match n.len() as isize - l.len() as isize {
+            0 => {
+                let diff: Vec<usize> = (0..n.len()).filter(|&i| n[i] != l[i]).collect();
+                match diff.as_slice() {
+                    [i] => !is_digit_change(n[*i], l[*i]),
+                    [i, j] => *j == i + 1 && n[*i] == l[*j] && n[*j] == l[*i],
+                    _ => false,
+                }
+            }
+            1 => (0..n.len()).any(|i| {
+                let mut m = n.clone();
+                m.remove(i);
+                m == l
+            }),
+            -1 => (0..l.len()).any(|i| {
+                let mut m = l.clone();
+                m.remove(i);
+                m == n
+            }),
+            _ => false,
+        }
+    })
+}
+
 /// The layer types a field can have.
 const LAYERS: &[&str] = &[
     "Linear",
@@ -275,7 +313,7 @@ fn layer_kind(
         // Any other type is taken for a nested model, so a misspelled layer would surface as
         // a missing model; a name one or two edits from a layer's is that typo.
         _ if tp.path.segments.len() == 1
-            && let Some(layer) = super::lower::closest(&name, LAYERS) =>
+            && let Some(layer) = layer_typo(&name) =>
         {
             cx.error_spanned_by(
                 &last.ident,
@@ -358,6 +396,9 @@ pub struct GraphFnDef {
     pub inputs: Vec<InputDef>,
     pub output: Vec<syn::Expr>,
     pub body: syn::Block,
+    /// Why the body did not parse (the body is then empty): the signature still gives the
+    /// model its methods, so the program calling them reports nothing more.
+    pub body_error: Option<syn::Error>,
 }
 
 #[derive(Clone)]
@@ -439,13 +480,30 @@ impl Parse for GraphFnDef {
         }
         input.parse::<Token![->]>()?;
         let (output, _) = parse_dims(input)?;
-        let body: syn::Block = input.parse()?;
+        let group: proc_macro2::Group = input.parse()?;
+        if group.delimiter() != proc_macro2::Delimiter::Brace {
+            return Err(syn::Error::new(
+                group.span(),
+                "expected the function's body in `{ .. }`",
+            ));
+        }
+        let (body, body_error) = match syn::parse2::<syn::Block>(group.to_token_stream()) {
+            Ok(body) => (body, None),
+            Err(e) => (
+                syn::Block {
+                    brace_token: syn::token::Brace(group.delim_span()),
+                    stmts: Vec::new(),
+                },
+                Some(e),
+            ),
+        };
         Ok(GraphFnDef {
             name,
             symbols,
             inputs,
             output,
             body,
+            body_error,
         })
     }
 }
@@ -479,4 +537,33 @@ pub fn where_as_raw_ident(tokens: TokenStream) -> TokenStream {
             other => other,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layer_typo;
+
+    #[test]
+    fn misspelled_layers_are_typos() {
+        for (name, layer) in [
+            ("Linaer", "Linear"),
+            ("Lnear", "Linear"),
+            ("Linnear", "Linear"),
+            ("Conv2D", "Conv2d"),
+            ("Embeding", "Embedding"),
+            ("LayerNrom", "LayerNorm"),
+        ] {
+            assert_eq!(layer_typo(name), Some(layer), "{name}");
+        }
+    }
+
+    #[test]
+    fn model_names_near_a_layer_are_not_typos() {
+        for name in [
+            "Linear", "QLinear", "MyLinear", "Conv", "ConvBn", "Conv1d", "Params", "Param5",
+            "Encoder", "Lin",
+        ] {
+            assert_eq!(layer_typo(name), None, "{name}");
+        }
+    }
 }

@@ -50,6 +50,10 @@ impl Ctxt {
         }
     }
 
+    pub fn has_errors(&self) -> bool {
+        self.errors.borrow().as_ref().is_some_and(|v| !v.is_empty())
+    }
+
     /// All errors combined into one, or Ok when there were none.
     pub fn check(self) -> syn::Result<()> {
         let errors = self.errors.borrow_mut().take().unwrap_or_default();

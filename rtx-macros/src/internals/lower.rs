@@ -56,6 +56,9 @@ pub struct Lowerer<'a> {
     pub nested: &'a HashMap<String, Option<NestedModel>>,
     /// Function names on the inlining stack, to reject recursion.
     stack: Vec<String>,
+    /// A call of a nested model whose own expansion failed was poisoned: a function may then
+    /// fail to lower without an error of its own.
+    pub broken_nested: bool,
 }
 
 /// Where names resolve while lowering one function body.
@@ -88,6 +91,7 @@ impl<'a> Lowerer<'a> {
             obligations: Vec::new(),
             nested,
             stack: Vec::new(),
+            broken_nested: false,
         }
     }
 
@@ -232,6 +236,10 @@ impl<'a> Lowerer<'a> {
         graph: &GraphDef,
         f: &GraphFnDef,
     ) -> Option<NodeId> {
+        // Its parse error is reported with the graph.
+        if f.body_error.is_some() {
+            return None;
+        }
         let mut sc = Scope {
             model,
             fns: &graph.fns,
@@ -392,17 +400,28 @@ impl<'a> Lowerer<'a> {
         for (i, stmt) in block.stmts.iter().enumerate() {
             match stmt {
                 syn::Stmt::Local(local) => {
+                    // A `let` that cannot bind poisons every name in its pattern, so the
+                    // lines that read them add nothing to its one error.
+                    let poison = |sc: &mut Scope| {
+                        let mut names = Vec::new();
+                        pattern_names(&local.pat, &mut names);
+                        for n in names {
+                            sc.vars.insert(n, None);
+                        }
+                    };
                     let syn::Pat::Ident(pi) = &local.pat else {
                         self.cx.error_spanned_by(
                             &local.pat,
-                            "graph! supports only `let name = expr;`",
+                            "graph! supports only `let name = expr;` (no type annotation or pattern: shapes are inferred)",
                         );
+                        poison(sc);
                         failed = true;
                         continue;
                     };
                     let Some(init) = &local.init else {
                         self.cx
                             .error_spanned_by(local, "a `let` in graph! needs a value");
+                        poison(sc);
                         failed = true;
                         continue;
                     };
@@ -835,7 +854,10 @@ impl<'a> Lowerer<'a> {
         };
         let nm = match self.nested.get(type_name) {
             Some(Some(nm)) => nm.clone(),
-            Some(None) => return None,
+            Some(None) => {
+                self.broken_nested = true;
+                return None;
+            }
             None => {
                 self.cx.error_spanned_by(m, format!("the graph of nested model `{type_name}` is not available\n\n= help: mark both its struct and its impl with #[model]"));
                 return None;
@@ -917,6 +939,10 @@ impl<'a> Lowerer<'a> {
         m: &syn::ExprMethodCall,
         context: Option<String>,
     ) -> Option<NodeId> {
+        // A callee whose body did not parse has reported it.
+        if f.body_error.is_some() {
+            return None;
+        }
         let key = format!("{}::{}", model.name, f.name);
         if self.stack.contains(&key) || self.stack.len() > 32 {
             self.cx.error_spanned_by(
@@ -1044,28 +1070,66 @@ impl<'a> Lowerer<'a> {
             vars,
         };
         self.stack.push(key);
-        let has_context = context.is_some();
-        if let Some(note) = context {
-            self.cx.push_context(note);
+        if let Some(note) = &context {
+            self.cx.push_context(note.clone());
         }
         let out = self.lower_block(&mut sc, &f.body);
-        if has_context {
+        if context.is_some() {
             self.cx.pop_context();
         }
         self.stack.pop();
-        // A callee whose body disagrees with its declared result reports that where it is
-        // defined; its callers see a poisoned value, not the undeclared shape.
         let out = out?;
-        let declared: Option<Shape> = f
+        // The callee's declared result, for this call's values.
+        let Some(declared) = f
             .output
             .iter()
             .map(|d| dim_from_expr(d, &[], &model.const_params, &sc.env).ok())
-            .collect();
+            .collect::<Option<Shape>>()
+        else {
+            // An unknown name in the signature: reported where the callee is lowered alone.
+            return None;
+        };
         let computed = self.shape(out).clone();
-        match declared {
-            Some(d) if Unifier::default().same_shape(&d, &computed) => Some(out),
-            _ => None,
+        let before = self.u.obligations.len();
+        let same = self.u.same_shape(&declared, &computed);
+        self.defer_obligations(before, m, callsite);
+        if same {
+            return Some(out);
         }
+        // Called with its own names (a helper of the same model), the callee's own lowering
+        // reports the mismatch; for other values (a nested model's instance, a helper called
+        // with `T = B + E`) it holds for this call only, and is reported here.
+        let identity = context.is_none()
+            && sc
+                .env
+                .iter()
+                .all(|(k, v)| *v == Dim::sym(k) || *v == Dim::param(k));
+        if !identity {
+            let mut names: Vec<String> = sc
+                .env
+                .iter()
+                .filter(|(k, v)| v.to_string() != **k)
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect();
+            names.sort();
+            let here = if names.is_empty() {
+                String::new()
+            } else {
+                format!(" (here {})", names.join(", "))
+            };
+            let mut msg = format!(
+                "shape mismatch in the result of `{callsite}`: `{}::{}` declares {}, its body computes {} for this call{here}",
+                model.name,
+                f.name,
+                fmt_shape(&declared),
+                fmt_shape(&computed),
+            );
+            if let Some(note) = &context {
+                msg = format!("{msg}\n\n= note: {note}");
+            }
+            self.cx.error_spanned_by(m, msg);
+        }
+        None
     }
 
     /// An axis argument of the tensor of shape `shape` (negative counts from the end).
@@ -1101,7 +1165,19 @@ impl<'a> Lowerer<'a> {
     ) -> Option<Dim> {
         let numel = from.iter().fold(Dim::known(1), |acc, d| acc.mul(d));
         let others = shape.iter().fold(Dim::known(1), |acc, d| acc.mul(d));
-        match numel.exact_div(&others) {
+        // Over a generic size the quotient may need a division (`D / 4` of `[B, T, D]` to
+        // `[B, T, 4, -1]`): it is `floor(..)`, and the reshape's element count becomes a
+        // relation checked when the model is instantiated (D a multiple of 4).
+        let generic_quotient = || {
+            let (atoms, coeff) = others.terms().next()?;
+            let monomial = atoms
+                .iter()
+                .fold(Dim::known(1), |acc, a| acc.mul(&atom_dim(a)));
+            let q = numel.exact_div(&monomial)?;
+            (others.terms().count() == 1 && coeff > 1 && q.has_param() && !q.has_sym())
+                .then(|| q.floor_div(coeff as u64))
+        };
+        match numel.exact_div(&others).or_else(generic_quotient) {
             Some(d) if d.as_const().is_none_or(|v| v >= 1) => Some(d),
             _ => {
                 self.cx.error_spanned_by(
@@ -1399,7 +1475,7 @@ pub fn message(callsite: &str, e: &ShapeError) -> String {
     }
     .into_iter()
     .flatten()
-    .find(|d| d.has_param());
+    .find(|d| matches!(d.as_single_atom(), Some(rtx_ir::Atom::Param(_))));
     let note = generic.map(|d| format!("\n= note: `{d}` is a generic parameter of the model: it equals only itself, since the model must be right for every value of it; use one parameter (or one literal) for dimensions that must be equal"));
     match (&e.help, note) {
         (Some(h), Some(n)) => format!("{head}\n\n= help: {h}{n}"),
@@ -1447,6 +1523,29 @@ fn int_literal(e: &syn::Expr) -> Option<i64> {
         }
         syn::Expr::Paren(p) => int_literal(&p.expr),
         _ => None,
+    }
+}
+
+/// The names a `let` pattern binds (`h` in `h: T`, `a` and `b` in `(a, b)`).
+fn pattern_names(p: &syn::Pat, out: &mut Vec<String>) {
+    match p {
+        syn::Pat::Ident(i) => out.push(i.ident.to_string()),
+        syn::Pat::Type(t) => pattern_names(&t.pat, out),
+        syn::Pat::Tuple(t) => t.elems.iter().for_each(|e| pattern_names(e, out)),
+        syn::Pat::Slice(s) => s.elems.iter().for_each(|e| pattern_names(e, out)),
+        syn::Pat::Paren(p) => pattern_names(&p.pat, out),
+        syn::Pat::Reference(r) => pattern_names(&r.pat, out),
+        syn::Pat::TupleStruct(t) => t.elems.iter().for_each(|e| pattern_names(e, out)),
+        _ => {}
+    }
+}
+
+/// One atom as a dimension of its own.
+fn atom_dim(a: &rtx_ir::Atom) -> Dim {
+    match a {
+        rtx_ir::Atom::Sym(n) => Dim::sym(n),
+        rtx_ir::Atom::Param(n) => Dim::param(n),
+        rtx_ir::Atom::FloorDiv(inner, d) => inner.floor_div(*d),
     }
 }
 
