@@ -45,6 +45,8 @@ struct Tap {
 
 /// Most rows of the column matrix (or pixels) one packing call covers: the GEMM's K slice.
 const MAX_SLICE: usize = super::gemm::KC;
+/// Most rows a panel of taps has (every kernel's `mr` is at most 16).
+const PANEL_ROWS: usize = 16;
 /// Most runs a panel of pixels can span (a panel is at most 32 pixels wide).
 const PANEL_RUNS: usize = 32;
 
@@ -212,20 +214,34 @@ impl PackA for TapRows<'_> {
             count += 1;
         });
         let mut tap = [Tap::default()];
+        // A panel's rows are built contiguously (runs of the image copied as they lie), then
+        // packed k-major by the GEMM's own packing, which transposes 16 x 16 blocks in
+        // registers where it can: writing every value `mr` apart as it is read costs more.
+        let mut block = [0.0f32; PANEL_ROWS * MAX_SLICE];
         for (panel, panel_dst) in dst.chunks_exact_mut(kc * mr).enumerate() {
             let first = row0 + panel * mr;
             let height = mr.min(rows - panel * mr);
-            if height < mr {
-                panel_dst.fill(0.0);
+            if mr > PANEL_ROWS {
+                // No kernel is this tall; kept correct for any `mr`.
+                if height < mr {
+                    panel_dst.fill(0.0);
+                }
+                for r in 0..height {
+                    columns.taps(first + r, &mut tap);
+                    let dst = &mut panel_dst[r..];
+                    for run in &runs[..count] {
+                        columns.fill::<0>(&tap[0], run, dst, mr);
+                    }
+                }
+                continue;
             }
-            for r in 0..height {
+            for (r, row) in block.chunks_exact_mut(kc).take(height).enumerate() {
                 columns.taps(first + r, &mut tap);
-                // Row r of the panel is every `mr`-th value from r.
-                let dst = &mut panel_dst[r..];
                 for run in &runs[..count] {
-                    columns.fill::<0>(&tap[0], run, dst, mr);
+                    columns.fill::<1>(&tap[0], run, row, 1);
                 }
             }
+            super::gemm::pack_a_row_major(&block[..height * kc], height, kc, mr, panel_dst);
         }
     }
 }

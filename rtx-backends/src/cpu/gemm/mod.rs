@@ -28,13 +28,18 @@ mod kernels;
 mod pack;
 mod packed;
 mod scratch;
+mod transpose;
 
+// The bf16 kernels (x86 only) reach these through `super::super`.
+#[cfg(target_arch = "x86_64")]
 pub(crate) use blocking::{Blocking, blocking};
 pub use epilogue::matmul_fused;
 pub(crate) use implicit::{PackB, matmul_implicit_b};
 use packed::{PackedProduct, packed};
 pub(crate) use packed::{TileShape, tile};
-use scratch::{PACKED_B, with_cached_scratch, with_scratch};
+#[cfg(target_arch = "x86_64")]
+use scratch::with_cached_scratch;
+use scratch::{PACKED_B, with_scratch};
 
 use crate::layout::{Dims, Layout};
 
@@ -91,6 +96,19 @@ pub(crate) trait PackA: Sync {
     fn pack(&self, row0: usize, rows: usize, k0: usize, kc: usize, mr: usize, dst: &mut [f32]);
 }
 
+/// Packs `rows` rows of the row-major block `block` (`kc` values per row) as A's row panels
+/// `mr` tall (see `PackA::pack`): for operands built row by row, such as a convolution's
+/// column matrix.
+pub(crate) fn pack_a_row_major(block: &[f32], rows: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+    let view = MatrixView {
+        data: block,
+        offset: 0,
+        row_stride: kc,
+        col_stride: 1,
+    };
+    pack::pack_a(view, 0, rows, 0, kc, mr, dst);
+}
+
 impl PackA for MatrixView<'_> {
     fn pack(&self, row0: usize, rows: usize, k0: usize, kc: usize, mr: usize, dst: &mut [f32]) {
         pack::pack_a(*self, row0, rows, k0, kc, mr, dst);
@@ -126,6 +144,7 @@ impl GemmKernel {
 
     /// `spec` for a product of `n` columns: AVX-512 takes a 14 x 16 tile for `n <= 16`.
     fn spec_for(self, n: usize) -> (usize, usize, MicroKernel) {
+        let _ = n; // read only by the x86 arm
         match self {
             #[cfg(target_arch = "x86_64")]
             GemmKernel::Avx512 if n <= 16 => (14, 16, kernels::avx512_14x16),

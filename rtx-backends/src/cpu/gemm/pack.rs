@@ -157,6 +157,11 @@ fn pack_rows<const MR: usize>(
         let start = a.offset + (first + r) * a.row_stride + k0;
         &a.data[start..start + kc]
     });
+    if let Ok(rows14) = <&[&[f32]; 14]>::try_from(rows.as_slice())
+        && super::transpose::rows14_k_major(rows14, kc, panel_dst)
+    {
+        return;
+    }
     for (kk, dst) in panel_dst.chunks_exact_mut(MR).take(kc).enumerate() {
         for (d, row) in dst.iter_mut().zip(&rows) {
             *d = row[kk];

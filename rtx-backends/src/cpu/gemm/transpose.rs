@@ -1,0 +1,118 @@
+//! Packing A is a transpose: the micro-kernel reads A k-major (`mr` values per k), while a
+//! row-major A (an activation in `x @ W^T`, the column matrix of a convolution's weight
+//! gradient) holds each row contiguously. One value at a time this costs a load and a store
+//! per value; with AVX-512 a 16 x 16 block transposes in 64 shuffles, a quarter of an
+//! operation per value, so the 14-row panels of the AVX-512 kernel take this path.
+
+/// Writes `rows[r][k]` to `dst[k * 14 + r]` for `k < kc`, when the CPU has AVX-512F; returns
+/// false (and writes nothing) otherwise. Every row holds at least `kc` values and `dst` at
+/// least `14 * kc`.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn rows14_k_major(rows: &[&[f32]; 14], kc: usize, dst: &mut [f32]) -> bool {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        return false;
+    }
+    assert!(rows.iter().all(|r| r.len() >= kc) && dst.len() >= 14 * kc);
+    // SAFETY: the CPU has AVX-512F (checked above) and the lengths were checked.
+    unsafe { rows14_avx512(rows, kc, dst) };
+    true
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) fn rows14_k_major(_rows: &[&[f32]; 14], _kc: usize, _dst: &mut [f32]) -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn rows14_avx512(rows: &[&[f32]; 14], kc: usize, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let full = kc / 16 * 16;
+    let mut kb = 0;
+    while kb < full {
+        let mut block = [_mm512_setzero_ps(); 16];
+        for (r, row) in rows.iter().enumerate() {
+            // SAFETY: kb + 16 <= kc <= row.len().
+            block[r] = unsafe { _mm512_loadu_ps(row.as_ptr().add(kb)) };
+        }
+        transpose16(&mut block);
+        for (j, column) in block.iter().enumerate() {
+            // SAFETY: (kb + j) * 14 + 14 <= kc * 14 <= dst.len(); the mask writes 14 lanes.
+            unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr().add((kb + j) * 14), 0x3fff, *column) };
+        }
+        kb += 16;
+    }
+    for k in full..kc {
+        for (r, row) in rows.iter().enumerate() {
+            dst[k * 14 + r] = row[k];
+        }
+    }
+}
+
+/// Transposes the 16 x 16 block held one row per register: unpack pairs of rows (2 x 2
+/// blocks), then pairs of 64-bit halves (4 x 4 blocks within each 128-bit lane), then swap
+/// 128-bit lanes twice.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn transpose16(r: &mut [std::arch::x86_64::__m512; 16]) {
+    use std::arch::x86_64::*;
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    let lo = |a: __m512, b: __m512| {
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+    };
+    let hi = |a: __m512, b: __m512| {
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+    };
+    let mut u = [_mm512_setzero_ps(); 16];
+    for g in 0..4 {
+        let b = 4 * g;
+        u[b] = lo(t[b], t[b + 2]);
+        u[b + 1] = hi(t[b], t[b + 2]);
+        u[b + 2] = lo(t[b + 1], t[b + 3]);
+        u[b + 3] = hi(t[b + 1], t[b + 3]);
+    }
+    let mut v = [_mm512_setzero_ps(); 16];
+    for i in 0..4 {
+        v[i] = _mm512_shuffle_f32x4::<0x88>(u[i], u[i + 4]);
+        v[i + 4] = _mm512_shuffle_f32x4::<0xdd>(u[i], u[i + 4]);
+        v[i + 8] = _mm512_shuffle_f32x4::<0x88>(u[i + 8], u[i + 12]);
+        v[i + 12] = _mm512_shuffle_f32x4::<0xdd>(u[i + 8], u[i + 12]);
+    }
+    for i in 0..8 {
+        r[i] = _mm512_shuffle_f32x4::<0x88>(v[i], v[i + 8]);
+        r[i + 8] = _mm512_shuffle_f32x4::<0xdd>(v[i], v[i + 8]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rows14_k_major;
+
+    #[test]
+    fn fourteen_rows_become_k_major_for_any_width() {
+        for kc in [1, 15, 16, 17, 33, 256] {
+            let data: Vec<Vec<f32>> = (0..14)
+                .map(|r| (0..kc).map(|k| (r * 1000 + k) as f32).collect())
+                .collect();
+            let rows: [&[f32]; 14] = std::array::from_fn(|r| data[r].as_slice());
+            let mut dst = vec![f32::NAN; 14 * kc];
+            if !rows14_k_major(&rows, kc, &mut dst) {
+                eprintln!("skipped: no AVX-512F on this CPU");
+                return;
+            }
+            for k in 0..kc {
+                for r in 0..14 {
+                    assert_eq!(
+                        dst[k * 14 + r],
+                        (r * 1000 + k) as f32,
+                        "kc {kc} k {k} r {r}"
+                    );
+                }
+            }
+        }
+    }
+}
