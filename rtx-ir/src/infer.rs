@@ -569,8 +569,15 @@ pub fn infer(
             if args[1].1 != DType::I64 {
                 return Err(ShapeError::invalid(
                     1,
-                    "embedding ids must be integer (i64), found a float tensor",
-                ));
+                    format!(
+                        "embedding ids must be integer (i64), found a float tensor of shape {}",
+                        fmt_shape(sh(1))
+                    ),
+                )
+                .with_help(format!(
+                    "declare the ids as integers in the signature, e.g. `ids: i64{}`",
+                    fmt_shape(sh(1))
+                )));
             }
             let mut out = sh(1).clone();
             out.push(sh(0)[1].clone());

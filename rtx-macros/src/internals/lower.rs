@@ -988,10 +988,15 @@ impl<'a> Lowerer<'a> {
                         expected.push(dim);
                     }
                     Err(e) => {
-                        self.cx.syn_error(e);
+                        if !(context.is_none() && self.fails_alone(model, fns, f)) {
+                            self.cx.syn_error(e);
+                        }
                         return None;
                     }
                 }
+            }
+            if !ok && context.is_none() && self.fails_alone(model, fns, f) {
+                return None;
             }
             if !ok {
                 let declared: Vec<String> = inp
@@ -1049,6 +1054,9 @@ impl<'a> Lowerer<'a> {
                 DType::F32
             };
             if self.graph.node(arg).dtype != want {
+                if context.is_none() && self.fails_alone(model, fns, f) {
+                    return None;
+                }
                 self.cx.error_spanned_by(
                     &m.args[i],
                     format!(
@@ -1130,6 +1138,18 @@ impl<'a> Lowerer<'a> {
             self.cx.error_spanned_by(m, msg);
         }
         None
+    }
+
+    /// True when graph function `f` of `model` fails when lowered on its own: it reports its
+    /// errors there, and a call whose arguments disagree with its signature adds none (the
+    /// signature may be the mistake: `fn forward(ids: [B, T])` read by an embedding, called
+    /// with `i64` ids). Run only when a call's arguments fail, with its errors discarded.
+    fn fails_alone(&self, model: &ModelStruct, fns: &[GraphFnDef], f: &GraphFnDef) -> bool {
+        let quiet = Ctxt::new();
+        let mut lw = Lowerer::new(&quiet, self.nested);
+        let graph = GraphDef { fns: fns.to_vec() };
+        let out = lw.lower_fn(model, &graph, f);
+        out.is_none() || quiet.has_errors()
     }
 
     /// An axis argument of the tensor of shape `shape` (negative counts from the end).
@@ -1299,15 +1319,26 @@ impl<'a> Lowerer<'a> {
                     Arg::Axes(Some(axes))
                 }
                 (Param::Axis(_, false) | Param::Axes(_, false), None) => Arg::Axes(None),
-                (Param::Flag(_), Some(k)) => match k.to_token_stream().to_string().as_str() {
-                    "keepdim" | "true" => Arg::Flag(true),
-                    "false" => Arg::Flag(false),
-                    _ => {
-                        self.cx
-                            .error_spanned_by(k, "expected `keepdim`, `true` or `false`");
-                        return None;
+                (Param::Flag(name), Some(k)) => {
+                    // PyTorch's keyword form too: `keepdim = true`.
+                    let value = match k {
+                        syn::Expr::Assign(a) if a.left.to_token_stream().to_string() == name => {
+                            &*a.right
+                        }
+                        other => other,
+                    };
+                    match value.to_token_stream().to_string().as_str() {
+                        "keepdim" | "true" => Arg::Flag(true),
+                        "false" => Arg::Flag(false),
+                        _ => {
+                            self.cx.error_spanned_by(
+                                k,
+                                format!("expected `{name}`, `true`, `false` or `{name} = true`"),
+                            );
+                            return None;
+                        }
                     }
-                },
+                }
                 (Param::Flag(_), None) => Arg::Flag(false),
                 (Param::Dims(_), Some(x)) => {
                     let syn::Expr::Array(list) = x else {
