@@ -14,6 +14,7 @@ pub mod ctx;
 pub mod error;
 pub mod exec;
 pub mod fused;
+mod half;
 pub mod layers;
 pub mod module;
 pub mod ops;

@@ -19,7 +19,9 @@ fn ir_shape(s: &[usize]) -> rtx_ir::Shape {
 
 fn ir_dtype(t: &Tensor) -> rtx_ir::DType {
     match t.dtype() {
-        DType::F32 => rtx_ir::DType::F32,
+        // A half tensor passes the shape rule as a float; its kernel then refuses it by name
+        // (`Tensor::f32_parts`): the f32 kernels do not read bf16 or f16.
+        DType::F32 | DType::BF16 | DType::F16 => rtx_ir::DType::F32,
         DType::I64 => rtx_ir::DType::I64,
     }
 }

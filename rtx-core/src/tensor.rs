@@ -13,6 +13,10 @@ use std::sync::Arc;
 pub enum DType {
     F32,
     I64,
+    /// bfloat16 storage (`half::bf16`); see `half.rs` for what reads it.
+    BF16,
+    /// IEEE half precision storage (`half::f16`).
+    F16,
 }
 
 impl fmt::Display for DType {
@@ -20,6 +24,8 @@ impl fmt::Display for DType {
         f.write_str(match self {
             DType::F32 => "f32",
             DType::I64 => "i64",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
         })
     }
 }
@@ -28,6 +34,8 @@ impl fmt::Display for DType {
 pub enum Storage {
     F32(Vec<f32>),
     I64(Vec<i64>),
+    BF16(Vec<half::bf16>),
+    F16(Vec<half::f16>),
 }
 
 impl Drop for Storage {
@@ -154,6 +162,10 @@ impl Tensor {
         }
     }
 
+    pub(crate) fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
         Tensor {
             storage: self.storage.clone(),
@@ -181,6 +193,8 @@ impl Tensor {
         match *self.storage {
             Storage::F32(_) => DType::F32,
             Storage::I64(_) => DType::I64,
+            Storage::BF16(_) => DType::BF16,
+            Storage::F16(_) => DType::F16,
         }
     }
 
@@ -194,7 +208,7 @@ impl Tensor {
         let (offset, n) = (self.layout.offset, self.layout.numel());
         match Arc::get_mut(&mut self.storage)? {
             Storage::F32(v) => v.get_mut(offset..offset + n),
-            Storage::I64(_) => None,
+            _ => None,
         }
     }
 
@@ -211,16 +225,21 @@ impl Tensor {
     pub fn f32_parts(&self, context: &str) -> Result<(&[f32], &Layout)> {
         match &*self.storage {
             Storage::F32(v) => Ok((v, &self.layout)),
-            Storage::I64(_) => Err(RtxError::DTypeMismatch {
+            _ => Err(RtxError::DTypeMismatch {
                 context: context.to_string(),
                 expected: "f32".into(),
-                found: "i64".into(),
+                found: self.dtype().to_string(),
             }),
         }
     }
 
-    /// The elements in row-major order.
+    /// The elements in row-major order (bf16 and f16 ones widened to f32).
     pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
+        match &*self.storage {
+            Storage::BF16(v) => return Ok(self.layout.indices().map(|i| v[i].to_f32()).collect()),
+            Storage::F16(v) => return Ok(self.layout.indices().map(|i| v[i].to_f32()).collect()),
+            _ => {}
+        }
         let (d, l) = self.f32_parts("Tensor::to_vec_f32")?;
         Ok(if l.is_contiguous() {
             d[l.offset..l.offset + l.numel()].to_vec()
@@ -233,10 +252,10 @@ impl Tensor {
     pub fn to_vec_i64(&self) -> Result<Vec<i64>> {
         match &*self.storage {
             Storage::I64(v) => Ok(self.layout.indices().map(|i| v[i]).collect()),
-            Storage::F32(_) => Err(RtxError::DTypeMismatch {
+            _ => Err(RtxError::DTypeMismatch {
                 context: "Tensor::to_vec_i64".into(),
                 expected: "i64".into(),
-                found: "f32".into(),
+                found: self.dtype().to_string(),
             }),
         }
     }
@@ -250,10 +269,10 @@ impl Tensor {
             Storage::I64(v) => Ok(std::borrow::Cow::Owned(
                 self.layout.indices().map(|i| v[i]).collect(),
             )),
-            Storage::F32(_) => Err(RtxError::DTypeMismatch {
+            _ => Err(RtxError::DTypeMismatch {
                 context: context.to_string(),
                 expected: "i64".into(),
-                found: "f32".into(),
+                found: self.dtype().to_string(),
             }),
         }
     }
@@ -314,6 +333,14 @@ impl Tensor {
                 Storage::I64(self.layout.indices().map(|i| v[i]).collect()),
                 Layout::contiguous(self.shape()),
             ),
+            Storage::BF16(v) => Tensor::from_parts(
+                Storage::BF16(self.layout.indices().map(|i| v[i]).collect()),
+                Layout::contiguous(self.shape()),
+            ),
+            Storage::F16(v) => Tensor::from_parts(
+                Storage::F16(self.layout.indices().map(|i| v[i]).collect()),
+                Layout::contiguous(self.shape()),
+            ),
         })
     }
 
@@ -348,8 +375,8 @@ impl fmt::Debug for Tensor {
         write!(f, "Tensor({} {}", self.dtype(), fmt_dims(self.shape()))?;
         if self.numel() <= 16 {
             match self.dtype() {
-                DType::F32 => write!(f, " {:?}", self.to_vec_f32().unwrap_or_default())?,
                 DType::I64 => write!(f, " {:?}", self.to_vec_i64().unwrap_or_default())?,
+                _ => write!(f, " {:?}", self.to_vec_f32().unwrap_or_default())?,
             }
         }
         write!(f, ")")
