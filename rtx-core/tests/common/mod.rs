@@ -75,7 +75,9 @@ impl Rng {
 /// The logical (row-major) values of a tensor of either dtype as a float64 reference array.
 pub fn to_array(t: &Tensor) -> Array {
     let data = match t.dtype() {
-        DType::F32 => t.to_vec_f32().unwrap().into_iter().map(f64::from).collect(),
+        DType::F32 | DType::BF16 | DType::F16 => {
+            t.to_vec_f32().unwrap().into_iter().map(f64::from).collect()
+        }
         DType::I64 => t
             .to_vec_i64()
             .unwrap()
