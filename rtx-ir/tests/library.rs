@@ -164,6 +164,77 @@ fn layer_norm_normalizes_the_last_axis() {
 }
 
 #[test]
+fn gelu_tanh_is_the_tanh_approximation() {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    check_values("gelu_tanh", &[], |x| {
+        0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+    });
+    check_grads(|c| {
+        let x = c.random(&[3, 5]);
+        call(c, "gelu_tanh", &[x], &[])
+    });
+}
+
+#[test]
+fn rms_norm_scales_by_the_root_mean_square_of_the_last_axis() {
+    let mut c = Case::new(8);
+    let row = [1.0, -2.0, 4.0, 0.5];
+    let gain = [1.0, 2.0, 0.5, -1.0];
+    let x = c.input(Array::new(vec![1, 4], row.to_vec()));
+    let w = c.input(Array::new(vec![4], gain.to_vec()));
+    let out = call(&mut c, "rms_norm", &[x, w], &[1e-6]);
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    let rms = (row.iter().map(|v| v * v).sum::<f64>() / 4.0 + 1e-6).sqrt();
+    for (i, got) in values[out].data.iter().enumerate() {
+        let want = row[i] / rms * gain[i];
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+    }
+    check_grads(|c| {
+        let x = c.random(&[2, 3, 5]);
+        let w = c.random(&[5]);
+        call(c, "rms_norm", &[x, w], &[1e-6])
+    });
+}
+
+#[test]
+fn rms_norm_rejects_a_weight_of_another_width() {
+    let mut c = Case::new(9);
+    let (x, w) = (c.random(&[2, 5]), c.random(&[4]));
+    let def = lookup("rms_norm").unwrap();
+
+    let err = (def.lower)(&mut c, &Args::new(&[x, w], &[1e-6])).unwrap_err();
+
+    assert!(err.to_string().contains("[5]"), "{err}");
+}
+
+#[test]
+fn masked_fill_replaces_where_the_mask_is_set() {
+    let mut c = Case::new(10);
+    let x = c.input(Array::new(vec![2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+    // A causal-style mask over the last axis, broadcast over the rows.
+    let mask = c.input(Array::new(vec![3], vec![0.0, 1.0, 1.0]));
+    let out = call(&mut c, "masked_fill", &[x, mask], &[-1e9]);
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    assert_eq!(values[out].data, vec![1.0, -1e9, -1e9, 4.0, -1e9, -1e9]);
+    check_grads(|c| {
+        let x = c.random(&[3, 4]);
+        let mask = c.input(Array::new(vec![4], vec![1.0, 0.0, 0.0, 1.0]));
+        call(c, "masked_fill", &[x, mask], &[0.5])
+    });
+}
+
+#[test]
+fn masked_fill_rejects_a_mask_that_widens_x() {
+    let mut c = Case::new(11);
+    let (x, mask) = (c.random(&[4]), c.random(&[3, 4]));
+    let def = lookup("masked_fill").unwrap();
+
+    let err = (def.lower)(&mut c, &Args::new(&[x, mask], &[0.0])).unwrap_err();
+
+    assert!(err.to_string().contains("[3, 4]"), "{err}");
+}
+
+#[test]
 fn layer_norm_rejects_a_weight_that_only_broadcasts() {
     let mut c = Case::new(7);
     let x = c.random(&[2, 5]);
@@ -568,6 +639,9 @@ fn every_library_op_has_a_test_here() {
         "minimum",
         "min",
         "layer_norm",
+        "gelu_tanh",
+        "rms_norm",
+        "masked_fill",
     ];
     for op in LIBRARY {
         assert!(tested.contains(&op.name), "`{}` has no test", op.name);

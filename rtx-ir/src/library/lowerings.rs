@@ -140,22 +140,13 @@ pub fn softmax(e: &mut dyn Emit, x: NodeId, axis: usize, log: bool) -> Result<No
 pub(super) fn layer_norm(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
     let (x, w, b) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
     let n = [a.number(3)?];
-    let rank = e.shape(x).len();
-    if rank == 0 {
-        return Err(ShapeError::invalid(
-            0,
-            "layer_norm normalizes over the last axis; a scalar has none",
-        ));
-    }
-    // Weight and bias hold one value per feature: exactly [D], not anything that broadcasts.
-    let features: Shape = vec![e.shape(x)[rank - 1].clone()];
-    for (arg, v) in [(1, w), (2, b)] {
-        if e.shape(v) != &features {
-            return Err(ShapeError::mismatch(arg, features, e.shape(v)).with_help(
-                "layer_norm's weight and bias have one value per feature of the last axis",
-            ));
-        }
-    }
+    let rank = per_feature(
+        e,
+        "layer_norm",
+        "weight and bias have",
+        x,
+        &[(1, w), (2, b)],
+    )?;
     let last = Op::Mean {
         axes: vec![rank - 1],
         keepdim: true,
@@ -170,6 +161,85 @@ pub(super) fn layer_norm(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeErro
     let normed = e.op(Op::Div, &[centered, std])?;
     let scaled = e.op(Op::Mul, &[normed, w])?;
     e.op(Op::Add, &[scaled, b])
+}
+
+/// The last axis's size as `[D]`, and a check that `weight` is exactly that (not something
+/// that only broadcasts): what layer_norm and rms_norm scale by.
+fn per_feature(
+    e: &mut dyn Emit,
+    op: &str,
+    what: &str,
+    x: NodeId,
+    weights: &[(usize, NodeId)],
+) -> Result<usize, ShapeError> {
+    let rank = e.shape(x).len();
+    if rank == 0 {
+        return Err(ShapeError::invalid(
+            0,
+            format!("{op} normalizes over the last axis; a scalar has none"),
+        ));
+    }
+    let features: Shape = vec![e.shape(x)[rank - 1].clone()];
+    for &(arg, v) in weights {
+        if e.shape(v) != &features {
+            return Err(
+                ShapeError::mismatch(arg, features, e.shape(v)).with_help(format!(
+                    "{op}'s {what} one value per feature of the last axis"
+                )),
+            );
+        }
+    }
+    Ok(rank)
+}
+
+pub(super) fn rms_norm(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let (x, w) = (a.tensor(0)?, a.tensor(1)?);
+    let eps = a.number(2)?;
+    let rank = per_feature(e, "rms_norm", "weight has", x, &[(1, w)])?;
+    let squared = e.op(Op::Mul, &[x, x])?;
+    let mean = e.op(
+        Op::Mean {
+            axes: vec![rank - 1],
+            keepdim: true,
+        },
+        &[squared],
+    )?;
+    let eps = e.constant(eps);
+    let shifted = e.op(Op::Add, &[mean, eps])?;
+    let rms = e.op(Op::Sqrt, &[shifted])?;
+    let normed = e.op(Op::Div, &[x, rms])?;
+    e.op(Op::Mul, &[normed, w])
+}
+
+pub(super) fn gelu_tanh(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let x = a.tensor(0)?;
+    let cube = e.op(Op::Mul, &[x, x])?;
+    let cube = e.op(Op::Mul, &[cube, x])?;
+    let k = e.constant(0.044715);
+    let scaled = e.op(Op::Mul, &[cube, k])?;
+    let inner = e.op(Op::Add, &[x, scaled])?;
+    let c = e.constant((2.0 / std::f64::consts::PI).sqrt());
+    let inner = e.op(Op::Mul, &[inner, c])?;
+    let t = e.op(Op::Tanh, &[inner])?;
+    let one = e.constant(1.0);
+    let t1 = e.op(Op::Add, &[t, one])?;
+    let half = e.constant(0.5);
+    let hx = e.op(Op::Mul, &[x, half])?;
+    e.op(Op::Mul, &[hx, t1])
+}
+
+pub(super) fn masked_fill(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let (x, mask) = (a.tensor(0)?, a.tensor(1)?);
+    let value = e.constant(a.number(2)?);
+    // `where(mask, value, x)`, with x's shape: a mask that would widen x is an error.
+    let filled = e.op(Op::Select, &[mask, value, x])?;
+    if e.shape(filled) != e.shape(x) {
+        let (want, got) = (e.shape(x).clone(), e.shape(filled).clone());
+        e.blame(1);
+        return Err(ShapeError::mismatch(1, want, &got)
+            .with_help("the mask broadcasts to x's shape; it cannot add dimensions to x"));
+    }
+    Ok(filled)
 }
 
 pub(super) fn dropout(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {

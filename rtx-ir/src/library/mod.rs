@@ -98,6 +98,12 @@ pub const LIBRARY: &[LibraryOp] = &[
         "x * Phi(x), the exact erf form",
         |e, a| e.op(Op::Gelu, &[a.tensor(0)?]),
     ),
+    row(
+        "gelu_tanh",
+        &[Tensor("x")],
+        "the tanh approximation of gelu, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (PyTorch's `approximate='tanh'`, GPT-2's)",
+        gelu_tanh,
+    ),
     row("tanh", &[Tensor("x")], "hyperbolic tangent", |e, a| {
         e.op(Op::Tanh, &[a.tensor(0)?])
     }),
@@ -148,6 +154,12 @@ pub const LIBRARY: &[LibraryOp] = &[
         &[Tensor("cond"), Tensor("a"), Tensor("b")],
         "a where cond is nonzero (e.g. `x > 0`), else b; all three broadcast",
         |e, a| e.op(Op::Select, &[a.tensor(0)?, a.tensor(1)?, a.tensor(2)?]),
+    ),
+    row(
+        "masked_fill",
+        &[Tensor("x"), Tensor("mask"), Number("value", None)],
+        "x with `value` where mask is nonzero (mask broadcasts to x, e.g. a causal mask); no gradient to the filled places",
+        masked_fill,
     ),
     row(
         "softplus",
@@ -226,6 +238,12 @@ pub const LIBRARY: &[LibraryOp] = &[
         ],
         "normalizes over the last axis, then scales by weight and shifts by bias (both [D])",
         layer_norm,
+    ),
+    row(
+        "rms_norm",
+        &[Tensor("x"), Tensor("weight"), Number("eps", Some(1e-6))],
+        "x / sqrt(mean(x^2) + eps) over the last axis, scaled by weight ([D]); no centering",
+        rms_norm,
     ),
     // --- losses -----------------------------------------------------------------------------------
     row(
