@@ -299,6 +299,15 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             let ids = a(1).i64_contiguous("embedding ids")?;
             Tensor::from_kernel(cpu::scatter_add_rows(dg, lg, &ids, vocab)?, out_shape)
         }
+        Op::Iota { axis } => {
+            // The output shape is 1 but on `axis` (the shape rule ran): its values count up.
+            let n = out_shape.get(*axis).copied().unwrap_or(1);
+            let mut data = rtx_backends::pool::take(n);
+            for (i, v) in data.iter_mut().enumerate() {
+                *v = i as f32;
+            }
+            Tensor::from_kernel(data, out_shape)
+        }
         Op::DropoutMask { p } => {
             if ctx.train && *p > 0.0 {
                 let seed = ctx.next_seed();

@@ -131,6 +131,7 @@ fn test_of(op: &Op) -> Option<&'static str> {
         Op::Embedding => "embedding_matches_reference",
         Op::Pick => "pick_matches_reference",
         Op::DropoutMask { .. } => "eval_mode_dropout_mask_is_ones_like_reference",
+        Op::Iota { .. } => "iota_matches_reference",
         Op::Reshape { .. } => "reshape_matches_reference",
         Op::Permute { .. } => "permute_matches_reference",
         Op::Concat { .. } => "concat_matches_reference",
@@ -152,6 +153,18 @@ fn test_of(op: &Op) -> Option<&'static str> {
 }
 
 // --- leaves and elementwise -----------------------------------------------------------------
+
+#[test]
+fn iota_matches_reference() {
+    let mut rng = Rng::new(41);
+    let x = rng.tensor(&[2, 5, 3]);
+    for axis in 0..3 {
+        check(&Op::Iota { axis }, &[&x]);
+    }
+    let y = run_op(&Op::Iota { axis: 1 }, &[&x], &mut Ctx::eval()).unwrap();
+    assert_eq!(y.shape(), &[1, 5, 1]);
+    assert_eq!(y.to_vec_f32().unwrap(), vec![0.0, 1.0, 2.0, 3.0, 4.0]);
+}
 
 #[test]
 fn const_matches_reference() {

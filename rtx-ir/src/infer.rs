@@ -604,6 +604,13 @@ pub fn infer(
             }
             f32_out(rows)
         }
+        Op::Iota { axis } => {
+            let x = sh(0);
+            check_axes(&[*axis], x.len(), "iota")?;
+            let mut out = vec![Dim::known(1); x.len()];
+            out[*axis] = x[*axis].clone();
+            f32_out(out)
+        }
         Op::DropoutMask { p } => {
             if !(0.0..1.0).contains(p) {
                 return Err(ShapeError::invalid(

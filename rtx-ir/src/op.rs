@@ -147,6 +147,12 @@ pub enum Op {
     DropoutMask {
         p: f64,
     },
+    /// `(x) -> positions`: 0, 1, .. along `axis`, with x's rank and size 1 on every other axis
+    /// (so it broadcasts against x); depends on x's shape only. Masks (`tril`, `triu`) compare
+    /// two of these.
+    Iota {
+        axis: usize,
+    },
 
     // --- layout ----------------------------------------------------------------------------
     Reshape {
@@ -292,6 +298,7 @@ impl Op {
             Op::Embedding => def("embedding", 2, Other, 0.0),
             Op::Pick => def("pick", 2, Other, 0.0),
             Op::DropoutMask { .. } => def("dropout_mask", 1, Elementwise, 5.0),
+            Op::Iota { .. } => def("iota", 1, Other, 0.0),
             Op::Reshape { .. } => def("reshape", 1, Layout, 0.0),
             Op::Permute { .. } => def("permute", 1, Layout, 0.0),
             Op::Concat { .. } => def("concat", usize::MAX, Layout, 0.0),

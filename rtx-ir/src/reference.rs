@@ -1174,6 +1174,21 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         } => avg_pool2d(x(0), *kernel, *stride, *padding),
         Op::Embedding => embedding(x(0), x(1)),
         Op::Pick => pick(x(0), x(1)),
+        Op::Iota { axis } => {
+            let shape = &x(0).shape;
+            let Some(&n) = shape.get(*axis) else {
+                return Err(format!(
+                    "iota axis {axis} is out of range for rank {}",
+                    shape.len()
+                ));
+            };
+            let mut out = vec![1; shape.len()];
+            out[*axis] = n;
+            Ok(Array {
+                shape: out,
+                data: (0..n).map(|i| i as f64).collect(),
+            })
+        }
         Op::DropoutMask { p } => {
             if !(0.0..1.0).contains(p) {
                 return Err(format!("dropout probability must be in [0, 1), found {p}"));

@@ -208,6 +208,54 @@ fn rms_norm_rejects_a_weight_of_another_width() {
 }
 
 #[test]
+fn tril_and_triu_keep_one_side_of_the_diagonal() {
+    for (name, diagonal) in [
+        ("tril", 0.0),
+        ("tril", 1.0),
+        ("tril", -1.0),
+        ("triu", 0.0),
+        ("triu", 2.0),
+    ] {
+        let mut c = Case::new(12);
+        let (batch, rows, cols) = (2, 3, 4);
+        let data: Vec<f64> = (0..batch * rows * cols).map(|i| i as f64 + 1.0).collect();
+        let x = c.input(Array::new(vec![batch, rows, cols], data.clone()));
+        let out = call(&mut c, name, &[x], &[diagonal]);
+        let values = c.run(&c.graph, &c.inputs, &c.params, false);
+        assert_eq!(values[out].shape, vec![batch, rows, cols]);
+        for (i, got) in values[out].data.iter().enumerate() {
+            let (r, q) = ((i / cols) % rows, i % cols);
+            let (r, q) = (r as f64, q as f64);
+            let keep = if name == "tril" {
+                q <= r + diagonal
+            } else {
+                q >= r + diagonal
+            };
+            let want = if keep { data[i] } else { 0.0 };
+            assert_eq!(*got, want, "{name}(diagonal {diagonal}) at {i}");
+        }
+    }
+    check_grads(|c| {
+        let x = c.random(&[2, 4, 4]);
+        let low = call(c, "tril", &[x], &[0.0]);
+        let high = call(c, "triu", &[x], &[1.0]);
+        let both = c.op(Op::Mul, &[low, high]);
+        c.op(Op::Add, &[both, low])
+    });
+}
+
+#[test]
+fn tril_needs_two_axes_and_a_whole_diagonal() {
+    let mut c = Case::new(13);
+    let (v, m) = (c.random(&[4]), c.random(&[3, 3]));
+    let def = lookup("tril").unwrap();
+    let err = (def.lower)(&mut c, &Args::new(&[v], &[0.0])).unwrap_err();
+    assert!(err.to_string().contains("last two axes"), "{err}");
+    let err = (def.lower)(&mut c, &Args::new(&[m], &[0.5])).unwrap_err();
+    assert!(err.to_string().contains("whole number"), "{err}");
+}
+
+#[test]
 fn masked_fill_replaces_where_the_mask_is_set() {
     let mut c = Case::new(10);
     let x = c.input(Array::new(vec![2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
@@ -642,6 +690,8 @@ fn every_library_op_has_a_test_here() {
         "gelu_tanh",
         "rms_norm",
         "masked_fill",
+        "tril",
+        "triu",
     ];
     for op in LIBRARY {
         assert!(tested.contains(&op.name), "`{}` has no test", op.name);

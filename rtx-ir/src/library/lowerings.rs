@@ -228,6 +228,36 @@ pub(super) fn gelu_tanh(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError
     e.op(Op::Mul, &[hx, t1])
 }
 
+/// `tril` (`lower`) or `triu` of x's last two axes, as PyTorch: positions compared through two
+/// `Iota`s, which broadcast against x, and x kept where the comparison holds.
+pub(super) fn triangle(e: &mut dyn Emit, a: &Args, lower: bool) -> Result<NodeId, ShapeError> {
+    let x = a.tensor(0)?;
+    let diagonal = a.number(1)?;
+    let rank = e.shape(x).len();
+    if rank < 2 {
+        let op = if lower { "tril" } else { "triu" };
+        return Err(ShapeError::invalid(
+            0,
+            format!("{op} works on the last two axes; a tensor of rank {rank} has fewer"),
+        ));
+    }
+    if diagonal.fract() != 0.0 {
+        e.blame(1);
+        return Err(ShapeError::invalid(
+            1,
+            format!("the diagonal is a whole number of places, found {diagonal}"),
+        ));
+    }
+    let rows = e.op(Op::Iota { axis: rank - 2 }, &[x])?;
+    let cols = e.op(Op::Iota { axis: rank - 1 }, &[x])?;
+    let shift = e.constant(diagonal);
+    let bound = e.op(Op::Add, &[rows, shift])?;
+    let cmp = if lower { Cmp::Le } else { Cmp::Ge };
+    let keep = e.op(Op::Compare { cmp }, &[cols, bound])?;
+    let zero = e.constant(0.0);
+    e.op(Op::Select, &[keep, x, zero])
+}
+
 pub(super) fn masked_fill(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
     let (x, mask) = (a.tensor(0)?, a.tensor(1)?);
     let value = e.constant(a.number(2)?);

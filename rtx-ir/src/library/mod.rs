@@ -156,6 +156,18 @@ pub const LIBRARY: &[LibraryOp] = &[
         |e, a| e.op(Op::Select, &[a.tensor(0)?, a.tensor(1)?, a.tensor(2)?]),
     ),
     row(
+        "tril",
+        &[Tensor("x"), Number("diagonal", Some(0.0))],
+        "x's last two axes kept on and below the diagonal (column <= row + diagonal), zero above: a causal mask is `tril(ones)`",
+        |e, a| triangle(e, a, true),
+    ),
+    row(
+        "triu",
+        &[Tensor("x"), Number("diagonal", Some(0.0))],
+        "x's last two axes kept on and above the diagonal (column >= row + diagonal), zero below",
+        |e, a| triangle(e, a, false),
+    ),
+    row(
         "masked_fill",
         &[Tensor("x"), Tensor("mask"), Number("value", None)],
         "x with `value` where mask is nonzero (mask broadcasts to x, e.g. a causal mask); no gradient to the filled places",

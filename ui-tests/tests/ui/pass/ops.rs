@@ -15,7 +15,9 @@ impl Zoo {
         fn forward<B, T>(&self, ids: i64[B, T]) -> [B, T, 16] {
             let h = self.ln(self.emb(ids));                              // [B, T, 16]
             let a = matmul(h, self.w);                                   // [B, T, 16]
-            let scores = softmax(matmul(a, transpose(h, 1, 2)), -1);     // [B, T, T]
+            let s = matmul(a, transpose(h, 1, 2));                       // [B, T, T]
+            let causal = masked_fill(s, triu(s * 0.0 + 1.0, 1), -1e9);   // future masked
+            let scores = softmax(causal, -1);                            // [B, T, T]
             let ctx = matmul(scores, h);                                 // [B, T, 16]
             let y = self.fc(concat([ctx, gelu(a)], 2));                  // [B, T, 16]
             let heads = permute(reshape(y, [B, T, 4, 4]), [0, 2, 1, 3]); // [B, 4, T, 4]
