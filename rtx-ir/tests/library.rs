@@ -255,6 +255,57 @@ fn tril_needs_two_axes_and_a_whole_diagonal() {
     assert!(err.to_string().contains("whole number"), "{err}");
 }
 
+fn heads(c: &mut Case, x: NodeId, n: usize) -> NodeId {
+    let def = lookup("split_heads").unwrap();
+    (def.lower)(c, &Args(vec![Arg::Tensor(x), Arg::Size(Some(n))])).unwrap()
+}
+
+#[test]
+fn split_heads_moves_each_head_before_time_and_merge_heads_undoes_it() {
+    let mut c = Case::new(14);
+    let (b, t, width, n) = (2, 3, 8, 2);
+    let data: Vec<f64> = (0..b * t * width).map(|i| i as f64).collect();
+    let x = c.input(Array::new(vec![b, t, width], data.clone()));
+    let split = heads(&mut c, x, n);
+    let merged = call(&mut c, "merge_heads", &[split], &[]);
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    let d = width / n;
+    assert_eq!(values[split].shape, vec![b, n, t, d]);
+    for bi in 0..b {
+        for h in 0..n {
+            for ti in 0..t {
+                for di in 0..d {
+                    let got = values[split].data[((bi * n + h) * t + ti) * d + di];
+                    assert_eq!(got, data[(bi * t + ti) * width + h * d + di]);
+                }
+            }
+        }
+    }
+    assert_eq!(values[merged].shape, vec![b, t, width]);
+    assert_eq!(values[merged].data, data);
+    check_grads(|c| {
+        let x = c.random(&[2, 3, 6]);
+        let split = heads(c, x, 3);
+        let y = c.op(Op::Mul, &[split, split]);
+        call(c, "merge_heads", &[y], &[])
+    });
+}
+
+#[test]
+fn split_heads_rejects_a_head_count_that_does_not_divide_the_width() {
+    let mut c = Case::new(15);
+    let x = c.random(&[2, 3, 8]);
+    let def = lookup("split_heads").unwrap();
+
+    let err = (def.lower)(&mut c, &Args(vec![Arg::Tensor(x), Arg::Size(Some(3))])).unwrap_err();
+
+    assert!(
+        err.to_string()
+            .contains("3 heads do not divide the width 8"),
+        "{err}"
+    );
+}
+
 #[test]
 fn masked_fill_replaces_where_the_mask_is_set() {
     let mut c = Case::new(10);
@@ -692,6 +743,8 @@ fn every_library_op_has_a_test_here() {
         "masked_fill",
         "tril",
         "triu",
+        "split_heads",
+        "merge_heads",
     ];
     for op in LIBRARY {
         assert!(tested.contains(&op.name), "`{}` has no test", op.name);

@@ -356,6 +356,73 @@ pub(super) fn permute(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> 
         .inspect_err(|_| e.blame(1))
 }
 
+pub(super) fn split_heads(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let x = a.tensor(0)?;
+    let heads = a.size(1)?.unwrap_or(0);
+    let xs = e.shape(x).clone();
+    let rank = xs.len();
+    if rank < 2 {
+        return Err(ShapeError::invalid(
+            0,
+            format!(
+                "split_heads needs [.., T, C], found {}",
+                crate::fmt_shape(&xs)
+            ),
+        ));
+    }
+    let width = &xs[rank - 1];
+    if heads == 0 {
+        e.blame(1);
+        return Err(ShapeError::invalid(1, "split_heads needs at least 1 head"));
+    }
+    // A literal width is checked now; a generic one when the model is instantiated (the
+    // reshape's element count becomes a relation over it); a symbolic one cannot be split.
+    if let Some(c) = width.as_known()
+        && c % heads != 0
+    {
+        e.blame(1);
+        return Err(ShapeError::invalid(
+            1,
+            format!(
+                "{heads} heads do not divide the width {c} of {}",
+                crate::fmt_shape(&xs)
+            ),
+        )
+        .with_help(format!(
+            "use a head count that divides {c}, or a width that is a multiple of {heads}"
+        )));
+    }
+    let mut split: Shape = xs[..rank - 1].to_vec();
+    split.push(crate::Dim::known(heads));
+    split.push(width.floor_div(heads as u64));
+    let y = e.op(Op::Reshape { shape: split }, &[x])?;
+    let mut perm: Vec<usize> = (0..rank + 1).collect();
+    perm.swap(rank - 2, rank - 1);
+    e.op(Op::Permute { perm }, &[y])
+}
+
+pub(super) fn merge_heads(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let x = a.tensor(0)?;
+    let xs = e.shape(x).clone();
+    let rank = xs.len();
+    if rank < 3 {
+        return Err(ShapeError::invalid(
+            0,
+            format!(
+                "merge_heads needs [.., H, T, D], found {}",
+                crate::fmt_shape(&xs)
+            ),
+        ));
+    }
+    let mut perm: Vec<usize> = (0..rank).collect();
+    perm.swap(rank - 3, rank - 2);
+    let y = e.op(Op::Permute { perm }, &[x])?;
+    let mut merged: Shape = xs[..rank - 3].to_vec();
+    merged.push(xs[rank - 2].clone());
+    merged.push(xs[rank - 3].mul(&xs[rank - 1]));
+    e.op(Op::Reshape { shape: merged }, &[y])
+}
+
 pub(super) fn narrow(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
     let (start, len) = (a.size(2)?.unwrap_or(0), a.size(3)?.unwrap_or(0));
     if len == 0 {

@@ -331,6 +331,18 @@ pub const LIBRARY: &[LibraryOp] = &[
         |e, a| e.op(Op::Concat { axis: a.axis(1)? }, a.tensors(0)?),
     ),
     row(
+        "split_heads",
+        &[Tensor("x"), Size("heads", true)],
+        "[.., T, C] -> [.., heads, T, C / heads] (a reshape and a view); heads must divide C",
+        split_heads,
+    ),
+    row(
+        "merge_heads",
+        &[Tensor("x")],
+        "[.., H, T, D] -> [.., T, H * D], undoing split_heads",
+        merge_heads,
+    ),
+    row(
         "narrow",
         &[
             Tensor("x"),
