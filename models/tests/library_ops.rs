@@ -1,5 +1,5 @@
 //! The library ops (`silu`, `abs`, `clamp`, `where`, `softplus`, `leaky_relu`, `maximum`,
-//! `minimum`, `min`, functional `layer_norm`, `gelu_tanh`, `masked_fill`, `tril`, `triu`, `rms_norm`, `split_heads`, `merge_heads`) and the
+//! `minimum`, `min`, functional `layer_norm`, `gelu_tanh`, `masked_fill`, `tril`, `triu`, `rms_norm`, `split_heads`, `merge_heads`, `argmax`) and the
 //! comparison operators, written in
 //! `graph!`: the compiled f32 forward pass and gradients agree with the float64 reference of
 //! the model's own IR.
@@ -29,6 +29,10 @@ impl Library {
             let d = gelu_tanh(c) + masked_fill(c, h > 0.5, -1.0) + tril(c, 1.0) * 0.1 - triu(c) * 0.2;
             let e = merge_heads(split_heads(d, 2) * split_heads(h, 2));
             layer_norm(e, self.gain, self.shift) + rms_norm(d, self.gain) * 0.5
+        }
+
+        fn predict<B>(&self, x: [B, 5]) -> [B] {
+            argmax(self.forward(x), 1)
         }
 
         fn loss<B>(&self, x: [B, 5], t: [B, 6]) -> [] {
@@ -100,4 +104,23 @@ fn library_ops_gradients_match_the_f64_reference() {
         assert_close(grads.get(name).unwrap(), &values[id], name);
     }
     assert_eq!(grads.len(), 4, "fc.weight, fc.bias, gain, shift");
+}
+
+#[test]
+fn argmax_in_a_graph_returns_the_index_of_each_rows_largest_output() {
+    let model = Library::init(3);
+    let x = Rng::new(4).images(&[7, 5]);
+
+    let ids = model.predict(&x).unwrap();
+
+    assert_eq!(ids.dtype(), DType::I64);
+    let y = model.forward(&x).unwrap().to_vec_f32().unwrap();
+    let want: Vec<i64> = y
+        .chunks(6)
+        .map(|row| {
+            let best = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            row.iter().position(|&v| v == best).unwrap() as i64
+        })
+        .collect();
+    assert_eq!(ids.to_vec_i64().unwrap(), want);
 }

@@ -132,6 +132,7 @@ fn test_of(op: &Op) -> Option<&'static str> {
         Op::Pick => "pick_matches_reference",
         Op::DropoutMask { .. } => "eval_mode_dropout_mask_is_ones_like_reference",
         Op::Iota { .. } => "iota_matches_reference",
+        Op::ArgMax { .. } => "argmax_matches_reference",
         Op::Reshape { .. } => "reshape_matches_reference",
         Op::Permute { .. } => "permute_matches_reference",
         Op::Concat { .. } => "concat_matches_reference",
@@ -153,6 +154,19 @@ fn test_of(op: &Op) -> Option<&'static str> {
 }
 
 // --- leaves and elementwise -----------------------------------------------------------------
+
+#[test]
+fn argmax_matches_reference() {
+    let mut rng = Rng::new(43);
+    let x = rng.tensor(&[3, 7, 4]);
+    for axis in 0..3 {
+        check(&Op::ArgMax { axis }, &[&x]);
+    }
+    // Ties go to the first; a NaN is the largest.
+    let t = Tensor::from_vec(vec![1.0, 5.0, 5.0, 0.0, f32::NAN, 9.0], &[2, 3]).unwrap();
+    let ids = run_op(&Op::ArgMax { axis: 1 }, &[&t], &mut Ctx::eval()).unwrap();
+    assert_eq!(ids.to_vec_i64().unwrap(), vec![1, 1]);
+}
 
 #[test]
 fn iota_matches_reference() {

@@ -141,12 +141,14 @@ fn vjp(
     let e = |e: ShapeError| e.to_string();
     let one = |v: NodeId| Ok::<_, String>(vec![Some(v)]);
     match &node.op {
-        // Iota depends on its argument's shape only: no gradient flows to it.
+        // Iota depends on its argument's shape only, ArgMax is piecewise constant (an index):
+        // no gradient flows through either.
         Op::Input { .. }
         | Op::Param { .. }
         | Op::Const { .. }
         | Op::DropoutMask { .. }
-        | Op::Iota { .. } => Ok(vec![None; node.args.len()]),
+        | Op::Iota { .. }
+        | Op::ArgMax { .. } => Ok(vec![None; node.args.len()]),
         Op::Neg => one(b.neg(g).map_err(e)?),
         // relu(x) > 0 exactly where x > 0: reading the output keeps the pre-activation from
         // being stored for the backward pass (a matmul epilogue then writes one buffer, not two).

@@ -604,6 +604,11 @@ pub fn infer(
             }
             f32_out(rows)
         }
+        Op::ArgMax { axis } => {
+            need_f32(0, args[0].1, d.name)?;
+            check_axes(&[*axis], sh(0).len(), d.name)?;
+            Ok((reduced(sh(0), &[*axis], false), DType::I64))
+        }
         Op::Iota { axis } => {
             let x = sh(0);
             check_axes(&[*axis], x.len(), "iota")?;

@@ -153,6 +153,11 @@ pub enum Op {
     Iota {
         axis: usize,
     },
+    /// `(x) -> i64 indices`: the position of the largest value along `axis`, which is removed
+    /// (the first on ties; a NaN counts as the largest, as in PyTorch). No gradient.
+    ArgMax {
+        axis: usize,
+    },
 
     // --- layout ----------------------------------------------------------------------------
     Reshape {
@@ -299,6 +304,7 @@ impl Op {
             Op::Pick => def("pick", 2, Other, 0.0),
             Op::DropoutMask { .. } => def("dropout_mask", 1, Elementwise, 5.0),
             Op::Iota { .. } => def("iota", 1, Other, 0.0),
+            Op::ArgMax { .. } => def("argmax", 1, Other, 1.0),
             Op::Reshape { .. } => def("reshape", 1, Layout, 0.0),
             Op::Permute { .. } => def("permute", 1, Layout, 0.0),
             Op::Concat { .. } => def("concat", usize::MAX, Layout, 0.0),

@@ -501,6 +501,35 @@ fn pick(x: &Array, ids: &Array) -> R<Array> {
     })
 }
 
+/// Index of the largest value along `axis` (removed), the first on ties, NaN the largest.
+fn argmax(x: &Array, axis: usize) -> R<Array> {
+    let Some(&n) = x.shape.get(axis) else {
+        return Err(format!(
+            "argmax axis {axis} is out of range for rank {}",
+            x.shape.len()
+        ));
+    };
+    let inner: usize = x.shape[axis + 1..].iter().product();
+    let outer: usize = x.shape[..axis].iter().product();
+    let mut shape = x.shape.clone();
+    shape.remove(axis);
+    let mut data = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| x.data[(o * n + j) * inner + i];
+            let mut best = 0;
+            for j in 1..n {
+                let (v, b) = (at(j), at(best));
+                if !b.is_nan() && (v.is_nan() || v > b) {
+                    best = j;
+                }
+            }
+            data.push(best as f64);
+        }
+    }
+    Ok(Array { shape, data })
+}
+
 /// Zeros of `x_like`'s shape with `g[r]` at `[r, ids[r]]`.
 fn pick_grad(g: &Array, ids: &Array, x_like: &Array) -> R<Array> {
     let (c, ids) = pick_args(&x_like.shape, ids, "pick_grad")?;
@@ -1174,6 +1203,7 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         } => avg_pool2d(x(0), *kernel, *stride, *padding),
         Op::Embedding => embedding(x(0), x(1)),
         Op::Pick => pick(x(0), x(1)),
+        Op::ArgMax { axis } => argmax(x(0), *axis),
         Op::Iota { axis } => {
             let shape = &x(0).shape;
             let Some(&n) = shape.get(*axis) else {

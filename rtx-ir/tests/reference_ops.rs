@@ -1079,3 +1079,18 @@ fn model_ir_with_an_argument_after_its_node_is_rejected_on_load() {
     let err = ModelIr::from_json(&ir.to_json().unwrap()).unwrap_err();
     assert!(err.contains("node %1 uses %5"), "{err}");
 }
+
+#[test]
+fn argmax_picks_the_first_largest_along_the_axis_and_removes_it() {
+    let x = arr(&[2, 3], &[1.0, 5.0, 5.0, 0.0, f64::NAN, 9.0]);
+    // Ties go to the first; a NaN counts as the largest.
+    assert_close(&ok(Op::ArgMax { axis: 1 }, &[&x]), &[2], &[1.0, 1.0]);
+    assert_close(&ok(Op::ArgMax { axis: 0 }, &[&x]), &[3], &[0.0, 1.0, 1.0]);
+}
+
+#[test]
+fn iota_counts_along_its_axis_with_size_one_elsewhere() {
+    let x = arr(&[2, 3], &[0.0; 6]);
+    assert_close(&ok(Op::Iota { axis: 1 }, &[&x]), &[1, 3], &[0.0, 1.0, 2.0]);
+    assert_close(&ok(Op::Iota { axis: 0 }, &[&x]), &[2, 1], &[0.0, 1.0]);
+}

@@ -229,6 +229,12 @@ pub const LIBRARY: &[LibraryOp] = &[
         min_all,
     ),
     row(
+        "argmax",
+        &[Tensor("x"), Axis("axis", true)],
+        "i64 position of the largest value along the axis, which is removed (the first on ties); no gradient",
+        |e, a| e.op(Op::ArgMax { axis: a.axis(1)? }, &[a.tensor(0)?]),
+    ),
+    row(
         "softmax",
         &[Tensor("x"), Axis("axis", true)],
         "exp(x) / sum(exp(x)) along the axis, shifted by the row max",
