@@ -1,5 +1,5 @@
 //! The library ops (`silu`, `abs`, `clamp`, `where`, `softplus`, `leaky_relu`, `maximum`,
-//! `minimum`, `min`, functional `layer_norm`, `gelu_tanh`, `masked_fill`, `tril`, `triu`, `rms_norm`, `split_heads`, `merge_heads`, `argmax`) and the
+//! `minimum`, `min`, functional `layer_norm`, `gelu_tanh`, `masked_fill`, `tril`, `triu`, `rms_norm`, `split_heads`, `merge_heads`, `rope`, `argmax`) and the
 //! comparison operators, written in
 //! `graph!`: the compiled f32 forward pass and gradients agree with the float64 reference of
 //! the model's own IR.
@@ -27,7 +27,7 @@ impl Library {
             let b = where(h > 0.0, softplus(h), leaky_relu(h, 0.1));
             let c = maximum(a, b) - minimum(a, 0.25) + softplus(h, 2.0) * (h <= 0.3);
             let d = gelu_tanh(c) + masked_fill(c, h > 0.5, -1.0) + tril(c, 1.0) * 0.1 - triu(c) * 0.2;
-            let e = merge_heads(split_heads(d, 2) * split_heads(h, 2));
+            let e = merge_heads(split_heads(d, 2) * split_heads(h, 2)) + rope(d, 100.0) * 0.3;
             layer_norm(e, self.gain, self.shift) + rms_norm(d, self.gain) * 0.5
         }
 

@@ -181,6 +181,8 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         Op::Relu => unary(op, a(0), UnaryOp::Relu)?,
         Op::Gelu => unary(op, a(0), UnaryOp::Gelu)?,
         Op::Tanh => unary(op, a(0), UnaryOp::Tanh)?,
+        Op::Sin => unary(op, a(0), UnaryOp::Sin)?,
+        Op::Cos => unary(op, a(0), UnaryOp::Cos)?,
         Op::Sigmoid => unary(op, a(0), UnaryOp::Sigmoid)?,
         Op::Exp => unary(op, a(0), UnaryOp::Exp)?,
         Op::Log => unary(op, a(0), UnaryOp::Log)?,

@@ -114,9 +114,15 @@ fn test_of(op: &Op) -> Option<&'static str> {
     Some(match op {
         Op::Input { .. } | Op::Param { .. } => return None,
         Op::Const { .. } => "const_matches_reference",
-        Op::StopGradient | Op::Neg | Op::Relu | Op::Gelu | Op::Tanh | Op::Sigmoid | Op::Exp => {
-            "unary_ops_match_reference"
-        }
+        Op::StopGradient
+        | Op::Neg
+        | Op::Relu
+        | Op::Gelu
+        | Op::Tanh
+        | Op::Sin
+        | Op::Cos
+        | Op::Sigmoid
+        | Op::Exp => "unary_ops_match_reference",
         Op::Log | Op::Sqrt => "log_and_sqrt_match_reference_on_positive_inputs",
         Op::PowScalar { .. } => "pow_scalar_matches_reference",
         Op::Add | Op::Sub | Op::Mul | Op::Div => "binary_ops_match_reference",
@@ -196,6 +202,8 @@ fn unary_ops_match_reference() {
         Op::Relu,
         Op::Gelu,
         Op::Tanh,
+        Op::Sin,
+        Op::Cos,
         Op::Sigmoid,
         Op::Exp,
     ] {

@@ -160,6 +160,16 @@ fn vjp(
             let d = b.op(Op::Sub, &[c1, yy]).map_err(e)?;
             one(b.mul(g, d).map_err(e)?)
         }
+        // d sin = cos x, d cos = -sin x
+        Op::Sin => {
+            let d = b.op(Op::Cos, &[x(0)]).map_err(e)?;
+            one(b.mul(g, d).map_err(e)?)
+        }
+        Op::Cos => {
+            let s = b.op(Op::Sin, &[x(0)]).map_err(e)?;
+            let d = b.neg(s).map_err(e)?;
+            one(b.mul(g, d).map_err(e)?)
+        }
         // d sigmoid = y (1 - y)
         Op::Sigmoid => {
             let c1 = b.c(1.0).map_err(e)?;

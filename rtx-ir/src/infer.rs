@@ -440,6 +440,8 @@ pub fn infer(
         | Op::Relu
         | Op::Gelu
         | Op::Tanh
+        | Op::Sin
+        | Op::Cos
         | Op::Sigmoid
         | Op::Exp
         | Op::Log

@@ -1132,6 +1132,8 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         Op::Relu => Ok(unary(x(0), relu)),
         Op::Gelu => Ok(unary(x(0), gelu)),
         Op::Tanh => Ok(unary(x(0), f64::tanh)),
+        Op::Sin => Ok(unary(x(0), f64::sin)),
+        Op::Cos => Ok(unary(x(0), f64::cos)),
         Op::Sigmoid => Ok(unary(x(0), sigmoid)),
         Op::Exp => Ok(unary(x(0), f64::exp)),
         Op::Log => Ok(unary(x(0), f64::ln)),

@@ -44,6 +44,16 @@ fn tanh_gradient_matches_finite_differences() {
 }
 
 #[test]
+fn sin_gradient_matches_finite_differences() {
+    unary_case(Op::Sin, false)
+}
+
+#[test]
+fn cos_gradient_matches_finite_differences() {
+    unary_case(Op::Cos, false)
+}
+
+#[test]
 fn sigmoid_gradient_matches_finite_differences() {
     unary_case(Op::Sigmoid, false)
 }

@@ -255,6 +255,55 @@ fn tril_needs_two_axes_and_a_whole_diagonal() {
     assert!(err.to_string().contains("whole number"), "{err}");
 }
 
+#[test]
+fn sin_and_cos_are_the_circular_functions() {
+    check_values("sin", &[], f64::sin);
+    check_values("cos", &[], f64::cos);
+    check_grads(|c| {
+        let x = c.random(&[3, 4]);
+        let s = call(c, "sin", &[x], &[]);
+        let k = call(c, "cos", &[x], &[]);
+        c.op(Op::Mul, &[s, k])
+    });
+}
+
+#[test]
+fn rope_turns_each_feature_pair_by_position_times_frequency() {
+    let mut c = Case::new(16);
+    let (t, d, base) = (3, 4, 100.0f64);
+    let data: Vec<f64> = (0..t * d).map(|i| 0.3 * i as f64 - 1.0).collect();
+    let x = c.input(Array::new(vec![t, d], data.clone()));
+    let out = call(&mut c, "rope", &[x], &[base]);
+    let values = c.run(&c.graph, &c.inputs, &c.params, false);
+    assert_eq!(values[out].shape, vec![t, d]);
+    let half = d / 2;
+    for p in 0..t {
+        for i in 0..half {
+            let angle = p as f64 * base.powf(-2.0 * i as f64 / d as f64);
+            let (x1, x2) = (data[p * d + i], data[p * d + half + i]);
+            let first = x1 * angle.cos() - x2 * angle.sin();
+            let second = x1 * angle.sin() + x2 * angle.cos();
+            assert!((values[out].data[p * d + i] - first).abs() < 1e-12);
+            assert!((values[out].data[p * d + half + i] - second).abs() < 1e-12);
+        }
+    }
+    check_grads(|c| {
+        let x = c.random(&[2, 3, 6]);
+        call(c, "rope", &[x], &[10000.0])
+    });
+}
+
+#[test]
+fn rope_needs_an_even_head_size() {
+    let mut c = Case::new(17);
+    let x = c.random(&[2, 3, 5]);
+    let def = lookup("rope").unwrap();
+
+    let err = (def.lower)(&mut c, &Args::new(&[x], &[10000.0])).unwrap_err();
+
+    assert!(err.to_string().contains("even"), "{err}");
+}
+
 fn heads(c: &mut Case, x: NodeId, n: usize) -> NodeId {
     let def = lookup("split_heads").unwrap();
     (def.lower)(c, &Args(vec![Arg::Tensor(x), Arg::Size(Some(n))])).unwrap()
@@ -745,6 +794,9 @@ fn every_library_op_has_a_test_here() {
         "triu",
         "split_heads",
         "merge_heads",
+        "sin",
+        "cos",
+        "rope",
         // Core op ArgMax: reference_ops.rs, backend_vs_reference.rs, library_ops.rs (models).
         "argmax",
     ];

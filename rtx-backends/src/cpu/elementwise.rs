@@ -13,6 +13,8 @@ pub enum UnaryOp {
     /// Exact erf form, PyTorch's default: `0.5 * x * (1 + erf(x / sqrt(2)))`.
     Gelu,
     Tanh,
+    Sin,
+    Cos,
     Sigmoid,
     Exp,
     Log,
@@ -32,6 +34,8 @@ pub fn unary(op: UnaryOp, x: &[f32], l: &Layout) -> KResult<Vec<f32>> {
         UnaryOp::Relu => map_strided(x, l, scalar::relu),
         UnaryOp::Gelu => map_strided(x, l, scalar::gelu),
         UnaryOp::Tanh => map_strided(x, l, scalar::tanh),
+        UnaryOp::Sin => map_strided(x, l, scalar::sin),
+        UnaryOp::Cos => map_strided(x, l, scalar::cos),
         UnaryOp::Sigmoid => map_strided(x, l, scalar::sigmoid),
         UnaryOp::Exp => map_strided(x, l, scalar::exp),
         UnaryOp::Log => map_strided(x, l, scalar::log),

@@ -40,6 +40,16 @@ pub fn tanh(x: f32) -> f32 {
     x.tanh()
 }
 
+#[inline(always)]
+pub fn sin(x: f32) -> f32 {
+    x.sin()
+}
+
+#[inline(always)]
+pub fn cos(x: f32) -> f32 {
+    x.cos()
+}
+
 /// Split by sign so `exp` never overflows to infinity for large |x|.
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {

@@ -15,6 +15,8 @@ fn unary_reference(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::Relu => x.max(0.0),
         UnaryOp::Gelu => 0.5 * x * (1.0 + erf(x / 2f64.sqrt())),
         UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
         UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         UnaryOp::Exp => x.exp(),
         UnaryOp::Log => x.ln(),
@@ -25,11 +27,13 @@ fn unary_reference(op: UnaryOp, x: f64) -> f64 {
     }
 }
 
-const UNARY_OPS: [UnaryOp; 12] = [
+const UNARY_OPS: [UnaryOp; 14] = [
     UnaryOp::Neg,
     UnaryOp::Relu,
     UnaryOp::Gelu,
     UnaryOp::Tanh,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
     UnaryOp::Sigmoid,
     UnaryOp::Exp,
     UnaryOp::Log,

@@ -356,6 +356,61 @@ pub(super) fn permute(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> 
         .inspect_err(|_| e.blame(1))
 }
 
+pub(super) fn rope(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let x = a.tensor(0)?;
+    let base = a.number(1)?;
+    let xs = e.shape(x).clone();
+    let rank = xs.len();
+    if rank < 2 {
+        return Err(ShapeError::invalid(
+            0,
+            format!("rope needs [.., T, D], found {}", crate::fmt_shape(&xs)),
+        ));
+    }
+    let width = match xs[rank - 1].as_known() {
+        Some(d) if d % 2 == 0 && d > 0 => d,
+        _ => {
+            return Err(ShapeError::invalid(
+                0,
+                format!(
+                    "rope turns pairs of features, so the last dimension must be an even literal; found {} in {}",
+                    xs[rank - 1],
+                    crate::fmt_shape(&xs)
+                ),
+            )
+            .with_help("use an even head size (split the width into heads first)"));
+        }
+    };
+    if base.is_nan() || base <= 1.0 {
+        e.blame(1);
+        return Err(ShapeError::invalid(
+            1,
+            format!("rope's base must be above 1, found {base}"),
+        ));
+    }
+    let half = width / 2;
+    let part = |start| Op::Narrow {
+        axis: rank - 1,
+        start,
+        len: half,
+    };
+    let x1 = e.op(part(0), &[x])?;
+    let x2 = e.op(part(half), &[x])?;
+    // angle[t, i] = t * base^(-2i / D), from positions along T and along the half width.
+    let position = e.op(Op::Iota { axis: rank - 2 }, &[x])?;
+    let pair = e.op(Op::Iota { axis: rank - 1 }, &[x1])?;
+    let rate = e.constant(-2.0 * base.ln() / width as f64);
+    let exponent = e.op(Op::Mul, &[pair, rate])?;
+    let frequency = e.op(Op::Exp, &[exponent])?;
+    let angle = e.op(Op::Mul, &[position, frequency])?;
+    let (cos, sin) = (e.op(Op::Cos, &[angle])?, e.op(Op::Sin, &[angle])?);
+    let (a1, b1) = (e.op(Op::Mul, &[x1, cos])?, e.op(Op::Mul, &[x2, sin])?);
+    let first = e.op(Op::Sub, &[a1, b1])?;
+    let (a2, b2) = (e.op(Op::Mul, &[x1, sin])?, e.op(Op::Mul, &[x2, cos])?);
+    let second = e.op(Op::Add, &[a2, b2])?;
+    e.op(Op::Concat { axis: rank - 1 }, &[first, second])
+}
+
 pub(super) fn split_heads(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
     let x = a.tensor(0)?;
     let heads = a.size(1)?.unwrap_or(0);

@@ -104,6 +104,12 @@ pub const LIBRARY: &[LibraryOp] = &[
         "the tanh approximation of gelu, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (PyTorch's `approximate='tanh'`, GPT-2's)",
         gelu_tanh,
     ),
+    row("sin", &[Tensor("x")], "sine (radians)", |e, a| {
+        e.op(Op::Sin, &[a.tensor(0)?])
+    }),
+    row("cos", &[Tensor("x")], "cosine (radians)", |e, a| {
+        e.op(Op::Cos, &[a.tensor(0)?])
+    }),
     row("tanh", &[Tensor("x")], "hyperbolic tangent", |e, a| {
         e.op(Op::Tanh, &[a.tensor(0)?])
     }),
@@ -335,6 +341,12 @@ pub const LIBRARY: &[LibraryOp] = &[
         &[Tensors("parts"), Axis("axis", true)],
         "joins tensors along an axis; the other dims must agree",
         |e, a| e.op(Op::Concat { axis: a.axis(1)? }, a.tensors(0)?),
+    ),
+    row(
+        "rope",
+        &[Tensor("x"), Number("base", Some(10000.0))],
+        "rotary position embedding of x [.., T, D] (D even, literal), position t turning each pair (x[i], x[i + D/2]) by t * base^(-2i/D) (the `rotate_half` form of GPT-NeoX and LLaMA)",
+        rope,
     ),
     row(
         "split_heads",
