@@ -1,5 +1,5 @@
 //! The library ops (`silu`, `abs`, `clamp`, `where`, `softplus`, `leaky_relu`, `maximum`,
-//! `minimum`, `min`, functional `layer_norm`, `gelu_tanh`, `masked_fill`, `tril`, `triu`, `rms_norm`, `split_heads`, `merge_heads`, `rope`, `argmax`) and the
+//! `minimum`, `min`, functional `layer_norm`, `gelu_tanh`, `masked_fill`, `tril`, `triu`, `rms_norm`, `split_heads`, `merge_heads`, `rope`, `argmax`, `positions`) and the
 //! comparison operators, written in
 //! `graph!`: the compiled f32 forward pass and gradients agree with the float64 reference of
 //! the model's own IR.
@@ -123,4 +123,51 @@ fn argmax_in_a_graph_returns_the_index_of_each_rows_largest_output() {
         })
         .collect();
     assert_eq!(ids.to_vec_i64().unwrap(), want);
+}
+
+/// Token and learned position embeddings, GPT-2 style.
+#[model]
+pub struct PositionEmbedding {
+    wte: Embedding<10, 4>,
+    wpe: Embedding<8, 4>,
+}
+
+#[model]
+impl PositionEmbedding {
+    graph! {
+        fn forward<B, T>(&self, idx: i64[B, T]) -> [B, T, 4] {
+            self.wte(idx) + self.wpe(positions(idx, 1))
+        }
+    }
+}
+
+#[test]
+fn positions_index_a_position_table_by_place_in_the_sequence() {
+    let model = PositionEmbedding::init(1);
+    let idx = Tensor::from_i64(vec![3, 1, 4, 1, 5, 9], &[2, 3]).unwrap();
+
+    let y = model.forward(&idx).unwrap().to_vec_f32().unwrap();
+
+    let wte = model.wte.weight.to_vec_f32().unwrap();
+    let wpe = model.wpe.weight.to_vec_f32().unwrap();
+    for (row, &token) in [3usize, 1, 4, 1, 5, 9].iter().enumerate() {
+        let t = row % 3;
+        for k in 0..4 {
+            let want = wte[token * 4 + k] + wpe[t * 4 + k];
+            assert!(
+                (y[row * 4 + k] - want).abs() < 1e-6,
+                "row {row} feature {k}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_sequence_longer_than_the_position_table_is_an_error() {
+    let model = PositionEmbedding::init(1);
+    let idx = Tensor::from_i64(vec![1; 9], &[1, 9]).unwrap();
+
+    let err = model.forward(&idx).unwrap_err();
+
+    assert!(err.to_string().contains("8"), "{err}");
 }

@@ -301,6 +301,11 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             let ids = a(1).i64_contiguous("embedding ids")?;
             Tensor::from_kernel(cpu::scatter_add_rows(dg, lg, &ids, vocab)?, out_shape)
         }
+        Op::Positions { .. } => {
+            // The shape rule ran: the output is [n].
+            let n = out_shape.first().copied().unwrap_or(0);
+            Tensor::from_i64((0..n as i64).collect(), out_shape)?
+        }
         Op::ArgMax { axis } => {
             let values = a(0).f32_contiguous()?;
             let shape = a(0).shape();

@@ -139,6 +139,7 @@ fn test_of(op: &Op) -> Option<&'static str> {
         Op::DropoutMask { .. } => "eval_mode_dropout_mask_is_ones_like_reference",
         Op::Iota { .. } => "iota_matches_reference",
         Op::ArgMax { .. } => "argmax_matches_reference",
+        Op::Positions { .. } => "positions_match_reference",
         Op::Reshape { .. } => "reshape_matches_reference",
         Op::Permute { .. } => "permute_matches_reference",
         Op::Concat { .. } => "concat_matches_reference",
@@ -160,6 +161,17 @@ fn test_of(op: &Op) -> Option<&'static str> {
 }
 
 // --- leaves and elementwise -----------------------------------------------------------------
+
+#[test]
+fn positions_match_reference() {
+    let mut rng = Rng::new(44);
+    let x = rng.tensor(&[2, 6, 3]);
+    for axis in 0..3 {
+        check(&Op::Positions { axis }, &[&x]);
+    }
+    let p = run_op(&Op::Positions { axis: 1 }, &[&x], &mut Ctx::eval()).unwrap();
+    assert_eq!(p.to_vec_i64().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+}
 
 #[test]
 fn argmax_matches_reference() {

@@ -148,6 +148,7 @@ fn vjp(
         | Op::Const { .. }
         | Op::DropoutMask { .. }
         | Op::Iota { .. }
+        | Op::Positions { .. }
         | Op::ArgMax { .. } => Ok(vec![None; node.args.len()]),
         Op::Neg => one(b.neg(g).map_err(e)?),
         // relu(x) > 0 exactly where x > 0: reading the output keeps the pre-activation from

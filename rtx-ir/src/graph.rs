@@ -328,7 +328,9 @@ fn describe(n: &Node) -> String {
         Op::PadNarrow { axis, start } => format!(" axis={axis} at {start}"),
         Op::ConcatGrad { axis, index } => format!(" axis={axis} part={index}"),
         Op::DropoutMask { p } => format!(" p={p}"),
-        Op::Iota { axis } | Op::ArgMax { axis } => format!(" axis={axis}"),
+        Op::Iota { axis } | Op::ArgMax { axis } | Op::Positions { axis } => {
+            format!(" axis={axis}")
+        }
         Op::Compare { cmp } => format!(" {}", cmp.symbol()),
         _ => String::new(),
     };

@@ -606,6 +606,10 @@ pub fn infer(
             }
             f32_out(rows)
         }
+        Op::Positions { axis } => {
+            check_axes(&[*axis], sh(0).len(), d.name)?;
+            Ok((vec![sh(0)[*axis].clone()], DType::I64))
+        }
         Op::ArgMax { axis } => {
             need_f32(0, args[0].1, d.name)?;
             check_axes(&[*axis], sh(0).len(), d.name)?;

@@ -155,6 +155,11 @@ pub enum Op {
     Iota {
         axis: usize,
     },
+    /// `(x) -> i64 [n]`: 0, 1, .., n - 1 where n is x's size along `axis` (the positions of a
+    /// sequence, for a position-embedding table); depends on x's shape only.
+    Positions {
+        axis: usize,
+    },
     /// `(x) -> i64 indices`: the position of the largest value along `axis`, which is removed
     /// (the first on ties; a NaN counts as the largest, as in PyTorch). No gradient.
     ArgMax {
@@ -309,6 +314,7 @@ impl Op {
             Op::DropoutMask { .. } => def("dropout_mask", 1, Elementwise, 5.0),
             Op::Iota { .. } => def("iota", 1, Other, 0.0),
             Op::ArgMax { .. } => def("argmax", 1, Other, 1.0),
+            Op::Positions { .. } => def("positions", 1, Other, 0.0),
             Op::Reshape { .. } => def("reshape", 1, Layout, 0.0),
             Op::Permute { .. } => def("permute", 1, Layout, 0.0),
             Op::Concat { .. } => def("concat", usize::MAX, Layout, 0.0),

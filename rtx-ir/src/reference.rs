@@ -1206,6 +1206,18 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         Op::Embedding => embedding(x(0), x(1)),
         Op::Pick => pick(x(0), x(1)),
         Op::ArgMax { axis } => argmax(x(0), *axis),
+        Op::Positions { axis } => {
+            let Some(&n) = x(0).shape.get(*axis) else {
+                return Err(format!(
+                    "positions axis {axis} is out of range for rank {}",
+                    x(0).shape.len()
+                ));
+            };
+            Ok(Array {
+                shape: vec![n],
+                data: (0..n).map(|i| i as f64).collect(),
+            })
+        }
         Op::Iota { axis } => {
             let shape = &x(0).shape;
             let Some(&n) = shape.get(*axis) else {

@@ -797,8 +797,9 @@ fn every_library_op_has_a_test_here() {
         "sin",
         "cos",
         "rope",
-        // Core op ArgMax: reference_ops.rs, backend_vs_reference.rs, library_ops.rs (models).
+        // Core ops Positions and ArgMax: reference_ops.rs, backend_vs_reference.rs, library_ops.rs (models).
         "argmax",
+        "positions",
     ];
     for op in LIBRARY {
         assert!(tested.contains(&op.name), "`{}` has no test", op.name);

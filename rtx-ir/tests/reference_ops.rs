@@ -1094,3 +1094,14 @@ fn iota_counts_along_its_axis_with_size_one_elsewhere() {
     assert_close(&ok(Op::Iota { axis: 1 }, &[&x]), &[1, 3], &[0.0, 1.0, 2.0]);
     assert_close(&ok(Op::Iota { axis: 0 }, &[&x]), &[2, 1], &[0.0, 1.0]);
 }
+
+#[test]
+fn positions_count_the_places_along_the_axis() {
+    let x = arr(&[2, 3], &[0.0; 6]);
+    assert_close(
+        &ok(Op::Positions { axis: 1 }, &[&x]),
+        &[3],
+        &[0.0, 1.0, 2.0],
+    );
+    assert_close(&ok(Op::Positions { axis: 0 }, &[&x]), &[2], &[0.0, 1.0]);
+}

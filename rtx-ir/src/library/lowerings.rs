@@ -262,7 +262,10 @@ pub(super) fn masked_fill(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeErr
     let (x, mask) = (a.tensor(0)?, a.tensor(1)?);
     let value = e.constant(a.number(2)?);
     // `where(mask, value, x)`, with x's shape: a mask that would widen x is an error.
-    let filled = e.op(Op::Select, &[mask, value, x])?;
+    // Only the mask can fail to broadcast here (the value is a scalar).
+    let filled = e
+        .op(Op::Select, &[mask, value, x])
+        .inspect_err(|_| e.blame(1))?;
     if e.shape(filled) != e.shape(x) {
         let (want, got) = (e.shape(x).clone(), e.shape(filled).clone());
         e.blame(1);

@@ -235,6 +235,12 @@ pub const LIBRARY: &[LibraryOp] = &[
         min_all,
     ),
     row(
+        "positions",
+        &[Tensor("x"), Axis("axis", true)],
+        "i64 [n]: 0, 1, .., n - 1 for x's n places along the axis; `self.wpe(positions(idx, 1))` is a learned position embedding",
+        |e, a| e.op(Op::Positions { axis: a.axis(1)? }, &[a.tensor(0)?]),
+    ),
+    row(
         "argmax",
         &[Tensor("x"), Axis("axis", true)],
         "i64 position of the largest value along the axis, which is removed (the first on ties); no gradient",

@@ -741,6 +741,22 @@ impl<'a> Lowerer<'a> {
                 if !want_args(self, 1) {
                     return None;
                 }
+                // Positions index the table: a table shorter than a literal sequence is a
+                // mistake now (a symbolic length is checked when the ids are read).
+                let ids = self.graph.node(args[0]);
+                if let Op::Positions { .. } = ids.op
+                    && let (Some(len), Some(rows)) = (
+                        ids.shape.first().and_then(|d| d.as_known()),
+                        vocab.as_known(),
+                    )
+                    && len > rows
+                {
+                    self.cx.error_spanned_by(
+                        arg_tok[0].to_token_stream(),
+                        format!("shape mismatch in `{callsite}`: the position table has {rows} rows, shorter than the {len} positions it is asked for\n\n= help: make `self.{field}` an Embedding<{len}, {dim}> or larger (the model's context), or use a shorter sequence"),
+                    );
+                    return None;
+                }
                 let w = self.param(
                     pname("weight"),
                     access("weight"),
