@@ -307,26 +307,8 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             Tensor::from_i64((0..n as i64).collect(), out_shape)?
         }
         Op::ArgMax { axis } => {
-            let values = a(0).f32_contiguous()?;
-            let shape = a(0).shape();
-            let n = shape.get(*axis).copied().unwrap_or(1);
-            let inner: usize = shape[*axis + 1..].iter().product();
-            let outer: usize = shape[..*axis].iter().product();
-            let mut ids = Vec::with_capacity(outer * inner);
-            for o in 0..outer {
-                for i in 0..inner {
-                    let at = |j: usize| values[(o * n + j) * inner + i];
-                    let mut best = 0;
-                    for j in 1..n {
-                        let (v, b) = (at(j), at(best));
-                        if !b.is_nan() && (v.is_nan() || v > b) {
-                            best = j;
-                        }
-                    }
-                    ids.push(best as i64);
-                }
-            }
-            Tensor::from_i64(ids, out_shape)?
+            let (d, l) = f32s(a(0), op)?;
+            Tensor::from_i64(cpu::argmax(d, l, *axis)?, out_shape)?
         }
         Op::Iota { axis } => {
             // The output shape is 1 but on `axis` (the shape rule ran): its values count up.

@@ -177,8 +177,10 @@ fn positions_match_reference() {
 fn argmax_matches_reference() {
     let mut rng = Rng::new(43);
     let x = rng.tensor(&[3, 7, 4]);
+    let strided = permuted(&x, &[2, 0, 1]);
     for axis in 0..3 {
         check(&Op::ArgMax { axis }, &[&x]);
+        check(&Op::ArgMax { axis }, &[&strided]);
     }
     // Ties go to the first; a NaN is the largest.
     let t = Tensor::from_vec(vec![1.0, 5.0, 5.0, 0.0, f32::NAN, 9.0], &[2, 3]).unwrap();

@@ -50,6 +50,6 @@ pub use gemm::{
 pub use index::{concat, gather_rows, pad_narrow, pick_last, pick_last_grad, scatter_add_rows};
 pub use pool::{avg_pool2d, avg_pool2d_grad, max_pool2d, max_pool2d_grad};
 pub use random::dropout_mask;
-pub use reduce::{ReduceOp, max_grad, reduce, sum_to};
+pub use reduce::{ReduceOp, argmax, max_grad, reduce, sum_to};
 pub use rows::{RowIn, map_rows};
 pub use strided::to_contiguous;

@@ -406,3 +406,32 @@ pub fn sum_to(g: &[f32], lg: &Layout, shape: &[usize]) -> KResult<Vec<f32>> {
     // The kept axes are `shape`'s axes minus some of size 1, so the row-major order matches.
     Ok(reduce_unchecked(ReduceOp::Sum, g, lg, &axes, false).0)
 }
+
+/// The index of the largest value along `axis` of `x` (read through `l`), for every position
+/// of the other axes, in row-major order of the result (x's shape without `axis`): the first
+/// on ties, a NaN counting as the largest (PyTorch's `argmax`).
+pub fn argmax(x: &[f32], l: &Layout, axis: usize) -> KResult<Vec<i64>> {
+    const K: &str = "argmax";
+    check::view(K, "x", x.len(), l)?;
+    check::axes(K, &[axis], l.rank())?;
+    check::elements(K, &l.shape)?;
+    let n = l.shape[axis];
+    let outer: usize = l.shape[..axis].iter().product();
+    let inner: usize = l.shape[axis + 1..].iter().product();
+    let (s_axis, mut ids) = (l.strides[axis], Vec::with_capacity(outer * inner));
+    // Offsets of the groups' first elements, in row-major order of the other axes.
+    let mut rest = l.clone();
+    rest.shape[axis] = 1;
+    for start in rest.indices() {
+        let mut best = 0;
+        for j in 1..n {
+            let (v, b) = (x[start + j * s_axis], x[start + best * s_axis]);
+            if !b.is_nan() && (v.is_nan() || v > b) {
+                best = j;
+            }
+        }
+        ids.push(best as i64);
+    }
+    debug_assert_eq!(ids.len(), outer * inner);
+    Ok(ids)
+}
