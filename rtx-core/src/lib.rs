@@ -11,6 +11,7 @@ extern crate self as rtx_core;
 pub mod bind;
 pub mod checkpoint;
 pub mod ctx;
+mod eager;
 pub mod error;
 pub mod exec;
 pub mod fused;
