@@ -6,6 +6,7 @@ use crate::data::{Digits, PIXELS, load_digits};
 use crate::mlp::Mlp;
 use indicatif::{ProgressBar, ProgressStyle};
 use rtx_core::prelude::*;
+use rtx_core::schedule::{Cosine, Schedule};
 use std::time::Instant;
 
 /// The held-out split is fixed, whatever the training seed, so runs are comparable.
@@ -174,9 +175,13 @@ pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
     };
     let mut epoch_losses = Vec::with_capacity(epochs);
     for epoch in 1..=epochs {
-        // Cosine decay from `lr` to 5% of it over the run.
-        let progress = (epoch - 1) as f32 / epochs.max(1) as f32;
-        opt.lr = lr * (0.05 + 0.95 * 0.5 * (1.0 + (std::f32::consts::PI * progress).cos()));
+        // Cosine decay per epoch from `lr` to 5% of it over the run.
+        opt.lr = Cosine {
+            base: lr,
+            min: 0.05 * lr,
+            steps: epochs,
+        }
+        .lr(epoch - 1);
         let mut order: Vec<usize> = (0..train_set.len).collect();
         rng.shuffle(&mut order);
         let mut total = 0.0f64;

@@ -22,6 +22,7 @@ pub mod ops;
 pub mod optim;
 pub mod parallel;
 pub mod rng;
+pub mod schedule;
 pub mod tensor;
 
 pub use ctx::Ctx;

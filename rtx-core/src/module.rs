@@ -126,6 +126,18 @@ impl Grads {
         self.entries.len()
     }
 
+    /// Replaces every gradient by `f` of it (clipping, scaling); stops at the first error,
+    /// leaving the gradients before it replaced.
+    pub fn map_each(
+        &mut self,
+        mut f: impl FnMut(&Tensor) -> crate::Result<Tensor>,
+    ) -> crate::Result<()> {
+        for (_, g) in &mut self.entries {
+            *g = f(g)?;
+        }
+        Ok(())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

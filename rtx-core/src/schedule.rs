@@ -1,0 +1,108 @@
+//! Pieces of a training loop that are not the model: learning-rate schedules and gradient
+//! clipping by global norm, with PyTorch's meanings, so training code does not write them.
+
+use crate::error::{Result, RtxError};
+use crate::module::Grads;
+use crate::tensor::Tensor;
+
+/// A learning rate for each optimizer step (counted from 0).
+pub trait Schedule {
+    fn lr(&self, step: usize) -> f32;
+}
+
+/// The same rate at every step.
+#[derive(Clone, Copy, Debug)]
+pub struct Constant(pub f32);
+
+impl Schedule for Constant {
+    fn lr(&self, _step: usize) -> f32 {
+        self.0
+    }
+}
+
+/// From `base / warmup` at step 0 up to `base` at step `warmup - 1`, linearly, then `base`
+/// (`LinearLR` from `1/warmup` to 1 over the warm-up).
+#[derive(Clone, Copy, Debug)]
+pub struct LinearWarmup {
+    pub base: f32,
+    pub warmup: usize,
+}
+
+impl Schedule for LinearWarmup {
+    fn lr(&self, step: usize) -> f32 {
+        if step >= self.warmup {
+            return self.base;
+        }
+        self.base * (step + 1) as f32 / self.warmup as f32
+    }
+}
+
+/// Cosine decay from `base` at step 0 to `min` at step `steps` (and after), PyTorch's
+/// `CosineAnnealingLR` with `eta_min = min`, `T_max = steps`.
+#[derive(Clone, Copy, Debug)]
+pub struct Cosine {
+    pub base: f32,
+    pub min: f32,
+    pub steps: usize,
+}
+
+impl Schedule for Cosine {
+    fn lr(&self, step: usize) -> f32 {
+        let progress = step.min(self.steps) as f32 / self.steps.max(1) as f32;
+        self.min + (self.base - self.min) * 0.5 * (1.0 + (std::f32::consts::PI * progress).cos())
+    }
+}
+
+/// A linear warm-up, then cosine decay over the remaining steps: the usual transformer
+/// schedule.
+#[derive(Clone, Copy, Debug)]
+pub struct WarmupCosine {
+    pub base: f32,
+    pub min: f32,
+    pub warmup: usize,
+    pub steps: usize,
+}
+
+impl Schedule for WarmupCosine {
+    fn lr(&self, step: usize) -> f32 {
+        if step < self.warmup {
+            return LinearWarmup {
+                base: self.base,
+                warmup: self.warmup,
+            }
+            .lr(step);
+        }
+        Cosine {
+            base: self.base,
+            min: self.min,
+            steps: self.steps.saturating_sub(self.warmup),
+        }
+        .lr(step - self.warmup)
+    }
+}
+
+/// Scales every gradient by `max_norm / total` when their global L2 norm `total` is above
+/// `max_norm` (`torch.nn.utils.clip_grad_norm_`), and returns `total` (before clipping). The
+/// norm is summed in f64. A non-finite norm leaves the gradients unchanged and is returned, so
+/// the caller can skip the step.
+pub fn clip_grad_norm(grads: &mut Grads, max_norm: f32) -> Result<f32> {
+    if max_norm.is_nan() || max_norm <= 0.0 {
+        return Err(RtxError::Invalid(format!(
+            "clip_grad_norm needs a positive max_norm, found {max_norm}"
+        )));
+    }
+    let mut sum = 0.0f64;
+    for (_, g) in grads.iter() {
+        for v in g.to_vec_f32()? {
+            sum += f64::from(v) * f64::from(v);
+        }
+    }
+    let total = sum.sqrt() as f32;
+    if !total.is_finite() || total <= max_norm {
+        return Ok(total);
+    }
+    // PyTorch adds 1e-6 to the norm so a tiny one cannot blow the scale up.
+    let scale = Tensor::scalar(max_norm / (total + 1e-6));
+    grads.map_each(|g| g.mul(&scale))?;
+    Ok(total)
+}
