@@ -8,6 +8,7 @@
 
 extern crate self as rtx_core;
 
+pub mod batches;
 pub mod bind;
 pub mod checkpoint;
 pub mod ctx;
