@@ -10,14 +10,14 @@
 //! is the GPT issue's work).
 
 use crate::error::{Result, RtxError};
-use crate::tensor::{DType, Storage, Tensor, fmt_dims};
+use crate::tensor::{DType, Storage, Tensor, check_len};
 use half::{bf16, f16};
 use rtx_backends::{Layout, cpu};
 
 impl Tensor {
     /// A bf16 tensor of `shape` holding `data` in row-major order.
     pub fn from_bf16(data: Vec<bf16>, shape: &[usize]) -> Result<Tensor> {
-        check_count(data.len(), shape, "Tensor::from_bf16")?;
+        check_len(data.len(), shape, "Tensor::from_bf16")?;
         Ok(Tensor::from_parts(
             Storage::BF16(data),
             Layout::contiguous(shape),
@@ -26,7 +26,7 @@ impl Tensor {
 
     /// An f16 tensor of `shape` holding `data` in row-major order.
     pub fn from_f16(data: Vec<f16>, shape: &[usize]) -> Result<Tensor> {
-        check_count(data.len(), shape, "Tensor::from_f16")?;
+        check_len(data.len(), shape, "Tensor::from_f16")?;
         Ok(Tensor::from_parts(
             Storage::F16(data),
             Layout::contiguous(shape),
@@ -100,16 +100,4 @@ impl HalfFromF32 for f16 {
     fn from_f32(v: f32) -> Self {
         f16::from_f32(v)
     }
-}
-
-fn check_count(len: usize, shape: &[usize], what: &str) -> Result<()> {
-    let numel: usize = shape.iter().product();
-    if len != numel {
-        return Err(RtxError::ShapeMismatch {
-            context: what.to_string(),
-            expected: format!("{} elements for shape {}", numel, fmt_dims(shape)),
-            found: format!("{len} elements"),
-        });
-    }
-    Ok(())
 }

@@ -107,7 +107,7 @@ pub(crate) fn fmt_dims(shape: &[usize]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-fn check_len(len: usize, shape: &[usize], what: &str) -> Result<()> {
+pub(crate) fn check_len(len: usize, shape: &[usize], what: &str) -> Result<()> {
     let numel: usize = shape.iter().product();
     if len != numel {
         return Err(RtxError::ShapeMismatch {

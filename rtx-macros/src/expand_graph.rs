@@ -8,7 +8,7 @@ use crate::internals::ctxt::Ctxt;
 use crate::internals::lower::{Lowerer, NestedModel, Obligation, ParamRef};
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
-use rtx_ir::{Atom, Dim, GraphFn, IR_VERSION, ModelIr, Op};
+use rtx_ir::{Atom, GraphFn, IR_VERSION, ModelIr, Op};
 use std::collections::HashMap;
 use syn::parse::{Parse, ParseStream};
 
@@ -168,7 +168,12 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
         // functions, so the program that calls them reports nothing more.
         let (graph, rest) = take_graph(&input.item_impl, &cx);
         let errors = cx.check().err().map(|e| e.to_compile_error());
-        return Ok(stand_in(&input.item_impl, graph.as_ref(), &rest, errors));
+        return Ok(crate::expand_stand_in::stand_in(
+            &input.item_impl,
+            graph.as_ref(),
+            &rest,
+            errors,
+        ));
     };
     let model = ModelStruct::from_item(item_struct, &HashMap::new(), &cx);
 
@@ -206,7 +211,12 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
             cx.error_spanned_by(&input.item_impl.self_ty, "a #[model] impl needs a `graph! { fn forward<B>(&self, x: [B, ..]) -> [..] { .. } }` block");
         }
         let errors = cx.check().err().map(|e| e.to_compile_error());
-        return Ok(stand_in(&input.item_impl, None, &rest, errors));
+        return Ok(crate::expand_stand_in::stand_in(
+            &input.item_impl,
+            None,
+            &rest,
+            errors,
+        ));
     };
 
     let mut fns_ir = Vec::new();
@@ -234,10 +244,15 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
             cx.error_spanned_by(&f.name, format!("internal error: `{}` could not be compiled, but no error says why; please report this with the model", f.name));
         }
     }
-    let obligation_checks = emit_obligations(&model, &obligations);
+    let obligation_checks = crate::expand_obligations::emit_obligations(&model, &obligations);
     let errors = cx.check().err().map(|e| e.to_compile_error());
     if errors.is_some() || !all_lowered {
-        return Ok(stand_in(&input.item_impl, Some(&graph), &rest, errors));
+        return Ok(crate::expand_stand_in::stand_in(
+            &input.item_impl,
+            Some(&graph),
+            &rest,
+            errors,
+        ));
     }
 
     let ir = ModelIr {
@@ -294,78 +309,6 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
         // This model's definition for models that nest it.
         #callback
     })
-}
-
-/// What a model whose expansion failed still defines, next to its errors: the impl's own
-/// items, every graph function's methods with the signatures they would have (bodies that
-/// never run: the crate does not build), `graph()`, and a callback that tells models nesting
-/// it that it is broken. Calling code and nesting models then type-check, so the user sees
-/// only the real errors, never "no method named `forward`" or a hidden macro's name.
-fn stand_in(
-    item_impl: &syn::ItemImpl,
-    graph: Option<&GraphDef>,
-    rest: &[syn::ImplItem],
-    errors: Option<TokenStream>,
-) -> TokenStream {
-    let (impl_g, _, where_g) = item_impl.generics.split_for_impl();
-    let self_ty = &item_impl.self_ty;
-    let attrs = &item_impl.attrs;
-    let methods = stand_in_methods(graph);
-    let callback = crate::self_type_name(item_impl)
-        .map(|name| {
-            crate::graph_callback(
-                &name,
-                quote!(::rtx_core::__model_impl! { @nested { @broken { #name } } $($rest)* }),
-            )
-        })
-        .unwrap_or_default();
-    quote! {
-        #errors
-        #(#attrs)*
-        #[allow(unused_variables, dead_code, clippy::all)]
-        impl #impl_g #self_ty #where_g {
-            #(#rest)*
-
-            pub fn graph() -> ::rtx_core::Result<::rtx_core::ir::ModelIr> {
-                ::core::unreachable!()
-            }
-
-            #methods
-        }
-        #callback
-    }
-}
-
-/// Every graph function's methods with the signatures they would have, and bodies that never
-/// run (the crate does not build): `forward`, `forward_with` and, for a scalar result,
-/// `forward_and_grads`.
-pub fn stand_in_methods(graph: Option<&GraphDef>) -> TokenStream {
-    let mut methods = TokenStream::new();
-    for f in graph.map(|g| g.fns.as_slice()).unwrap_or_default() {
-        let name = &f.name;
-        let with = format_ident!("{}_with", name);
-        let args: Vec<&syn::Ident> = f.inputs.iter().map(|i| &i.name).collect();
-        methods.extend(quote! {
-            #[allow(unused_variables)]
-            pub fn #name(&self, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
-                ::core::unreachable!()
-            }
-            #[allow(unused_variables)]
-            pub fn #with(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
-                ::core::unreachable!()
-            }
-        });
-        if f.output.is_empty() {
-            let and_grads = format_ident!("{}_and_grads", name);
-            methods.extend(quote! {
-                #[allow(unused_variables)]
-                pub fn #and_grads(&self, __ctx: &mut ::rtx_core::Ctx, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<(::rtx_core::Tensor, ::rtx_core::Grads)> {
-                    ::core::unreachable!()
-                }
-            });
-        }
-    }
-    methods
 }
 
 /// With `RTX_EXPANSION_TIME` set, prints how long the compiler took on this model (parse,
@@ -629,104 +572,4 @@ fn signature_text(f: &GraphFnDef, ir: &GraphFn) -> String {
         rtx_ir::fmt_shape(&ir.graph.node(ir.output).shape)
     )
     .replace("self", &f.name.to_string())
-}
-
-/// Each relation over generic dimensions becomes a test in the model's `RTX_SHAPE_CHECKS`
-/// constant, which every graph method reads: when the model is instantiated (`Cnn::<3, 256>`),
-/// rustc evaluates it, and a relation that fails stops the build with a message naming the
-/// model, the parameters' values and the op, spanned at the user's expression. Each relation
-/// is tested once (where it first arose).
-fn emit_obligations(model: &ModelStruct, obligations: &[Obligation]) -> TokenStream {
-    let mut out = TokenStream::new();
-    let mut seen: Vec<String> = Vec::new();
-    let params = &model.const_params;
-    let model_name = model.name.to_string();
-    let mut instance = quote!(.text(#model_name));
-    for (i, p) in params.iter().enumerate() {
-        let sep = if i == 0 { "<" } else { ", " };
-        let label = format!("{sep}{p} = ");
-        instance.extend(quote!(.text(#label).int(#p as i128)));
-    }
-    if !params.is_empty() {
-        instance.extend(quote!(.text(">")));
-    }
-    for o in obligations {
-        let key = format!("{:?}", o.relation);
-        if seen.contains(&key) {
-            continue;
-        }
-        seen.push(key);
-        let site = &o.site;
-        let first = o
-            .tokens
-            .clone()
-            .into_iter()
-            .next()
-            .map(|t| t.span())
-            .unwrap_or_else(Span::call_site);
-        let check = match &o.relation {
-            rtx_ir::Obligation::Equal(a, b) => {
-                let (ea, eb) = (const_dim_expr(a), const_dim_expr(b));
-                let head = format!("shape mismatch in `{site}` of `");
-                let (ta, tb) = (
-                    format!("`: `{a}` must equal `{b}`, but here `{a}` = "),
-                    format!(" and `{b}` = "),
-                );
-                // Mixed-site locals: a const parameter named `a` keeps its meaning in `#instance`.
-                let (a_id, b_id, m_id) = (
-                    syn::Ident::new("a", Span::mixed_site()),
-                    syn::Ident::new("b", Span::mixed_site()),
-                    syn::Ident::new("m", Span::mixed_site()),
-                );
-                quote_spanned! {first=>
-                    let (#a_id, #b_id): (i128, i128) = (#ea, #eb);
-                    if #a_id != #b_id {
-                        let #m_id = ::rtx_core::shapes::ConstMessage::new().text(#head) #instance .text(#ta).int(#a_id).text(#tb).int(#b_id);
-                        ::core::panic!("{}", #m_id.as_str());
-                    }
-                }
-            }
-            rtx_ir::Obligation::Positive(d) => {
-                let e = const_dim_expr(d);
-                let head = format!("invalid `{site}` in `");
-                let tail = format!(
-                    "`: the window does not fit, its output size `{d}` must be at least 1, but here it is "
-                );
-                let (v_id, m_id) = (
-                    syn::Ident::new("v", Span::mixed_site()),
-                    syn::Ident::new("m", Span::mixed_site()),
-                );
-                quote_spanned! {first=>
-                    let #v_id: i128 = #e;
-                    if #v_id < 1 {
-                        let #m_id = ::rtx_core::shapes::ConstMessage::new().text(#head) #instance .text(#tail).int(#v_id);
-                        ::core::panic!("{}", #m_id.as_str());
-                    }
-                }
-            }
-        };
-        out.extend(quote!({ #check }));
-    }
-    out
-}
-
-/// A dimension over generic parameters as a constant `i128` expression (negative values stay
-/// negative, so a window that does not fit shows by how much).
-fn const_dim_expr(d: &Dim) -> TokenStream {
-    let terms = d.terms().map(|(atoms, coeff)| {
-        let factors = atoms.iter().map(|a| match a {
-            Atom::Param(n) | Atom::Sym(n) => {
-                let id = format_ident!("{}", n);
-                quote!((#id as i128))
-            }
-            Atom::FloorDiv(inner, k) => {
-                let inner = const_dim_expr(inner);
-                let k = i128::from(*k);
-                quote!((#inner).div_euclid(#k))
-            }
-        });
-        let coeff = i128::from(coeff);
-        quote!((#coeff #(* #factors)*))
-    });
-    quote!((0i128 #(+ #terms)*))
 }

@@ -10,7 +10,9 @@
 //! which comes back into `__model_impl!` with both items (nested models arrive the same way).
 
 mod expand_graph;
+mod expand_obligations;
 mod expand_schedule;
+mod expand_stand_in;
 mod expand_struct;
 mod internals;
 
@@ -186,6 +188,6 @@ pub fn graph(input: TokenStream) -> TokenStream {
     let graph =
         syn::parse2::<internals::ast::GraphDef>(internals::ast::where_as_raw_ident(input.into()))
             .ok();
-    let methods = expand_graph::stand_in_methods(graph.as_ref());
+    let methods = expand_stand_in::stand_in_methods(graph.as_ref());
     quote!(#error #methods).into()
 }

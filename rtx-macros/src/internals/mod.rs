@@ -5,3 +5,4 @@ pub mod ast;
 pub mod ctxt;
 mod library_call;
 pub mod lower;
+mod syntax;
