@@ -40,6 +40,39 @@ pub trait Module {
     }
 }
 
+/// Repeated blocks (`blocks: [Block; 4]`): element `i` is named `blocks.i`, as in a PyTorch
+/// `nn.ModuleList`, and is initialized after element `i - 1` from the same generator.
+impl<M: Module, const N: usize> Module for [M; N] {
+    fn init_with(rng: &mut Rng) -> Self {
+        std::array::from_fn(|_| M::init_with(rng))
+    }
+
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        for (i, m) in self.iter().enumerate() {
+            with_name(prefix, &index_name(i), |name| m.visit_params(name, f));
+        }
+    }
+
+    fn visit_params_mut<'a>(&'a mut self, prefix: &str, f: &mut dyn FnMut(&str, &'a mut Tensor)) {
+        for (i, m) in self.iter_mut().enumerate() {
+            with_name(prefix, &index_name(i), |name| m.visit_params_mut(name, f));
+        }
+    }
+}
+
+/// The name of element `i` of repeated blocks; the common small indices without allocating
+/// (an optimizer step visits every parameter by name each step).
+fn index_name(i: usize) -> Cow<'static, str> {
+    const SMALL: [&str; 32] = [
+        "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+        "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31",
+    ];
+    match SMALL.get(i) {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(i.to_string()),
+    }
+}
+
 /// `prefix.name`, or `name` at the top level.
 pub fn join_name(prefix: &str, name: &str) -> String {
     let mut out = String::new();

@@ -179,12 +179,14 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
 
     // A nested model whose definition has not arrived yet: ask its callback for it, passing
     // everything along; its expansion calls this macro again.
-    if let Some(missing) = model.fields.iter().find_map(|f| match &f.kind {
-        crate::internals::ast::FieldKind::Nested {
-            type_name, path, ..
-        } if !nested.contains_key(type_name) => Some(path.clone()),
-        _ => None,
-    }) {
+    if let Some(missing) = model
+        .fields
+        .iter()
+        .find_map(|f| match f.kind.nested_path() {
+            Some((type_name, path)) if !nested.contains_key(type_name) => Some(path.clone()),
+            _ => None,
+        })
+    {
         let mut path = missing;
         // The nested type's path names its graph callback too (`crate::enc::Encoder!`).
         if let Some(last) = path.segments.last_mut() {
@@ -474,7 +476,10 @@ fn emit_fn(
     );
     let doc_with =
         format!("Graph function `{name}` with an explicit context (train mode turns dropout on).");
+    let user_docs = &f.docs;
     let mut ts = quote! {
+        #(#user_docs)*
+        #[doc = ""]
         #[doc = #doc]
         pub fn #name(&self, #(#args: &::rtx_core::Tensor),*) -> ::rtx_core::Result<::rtx_core::Tensor> {
             #check

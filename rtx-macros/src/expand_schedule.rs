@@ -18,12 +18,17 @@ use rtx_ir::{Atom, Dim, GraphFn, NodeId, Op};
 /// `Dim` as a run-time `usize` expression over bound symbols (`__d_B`) and const generics.
 /// `self.enc.__rtx_field_fc().weight` for the parameter at `["enc", "fc", "weight"]`: the
 /// model's own field directly, a nested model's fields through the accessors `#[model]` gives
-/// every struct (they may be private to another module), the layer's tensor directly (`pub`).
+/// every struct (they may be private to another module), the layer's tensor directly (`pub`);
+/// `["blocks", "2", "fc", "weight"]` indexes repeated blocks.
 fn param_path(access: &[String]) -> TokenStream {
     let mut path = quote!(self);
     let last = access.len().saturating_sub(1);
     for (i, a) in access.iter().enumerate() {
-        if i == 0 || i == last {
+        // One of repeated blocks: `self.blocks[2]`.
+        if let Ok(index) = a.parse::<usize>() {
+            let index = proc_macro2::Literal::usize_unsuffixed(index);
+            path.extend(quote!([#index]));
+        } else if i == 0 || i == last {
             let f = format_ident!("{}", a);
             path.extend(quote!(.#f));
         } else {

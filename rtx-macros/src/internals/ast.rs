@@ -40,6 +40,25 @@ pub enum FieldKind {
         path: syn::Path,
         args: Vec<Dim>,
     },
+    /// `[Block; 4]`: identical blocks named `blocks.0`, `blocks.1`, .. (PyTorch's
+    /// `nn.ModuleList`), applied by index or in a `for` loop.
+    Repeated {
+        count: usize,
+        item: Box<FieldKind>,
+    },
+}
+
+impl FieldKind {
+    /// The nested model this field holds, directly or as repeated blocks.
+    pub fn nested_path(&self) -> Option<(&String, &syn::Path)> {
+        match self {
+            FieldKind::Nested {
+                type_name, path, ..
+            } => Some((type_name, path)),
+            FieldKind::Repeated { item, .. } => item.nested_path(),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -219,8 +238,31 @@ fn layer_kind(
     env: &HashMap<String, Dim>,
     cx: &Ctxt,
 ) -> Option<FieldKind> {
+    if let syn::Type::Array(array) = ty {
+        let count = match dim_from_expr(&array.len, &[], params, env) {
+            Ok(d) => d.as_known(),
+            Err(_) => None,
+        };
+        let Some(count) = count else {
+            cx.error_spanned_by(&array.len, "the number of repeated blocks must be an integer literal (or a const generic the model is instantiated with as a literal)");
+            return None;
+        };
+        if count == 0 {
+            cx.error_spanned_by(&array.len, "repeated blocks need at least one block");
+            return None;
+        }
+        if matches!(&*array.elem, syn::Type::Array(_)) {
+            cx.error_spanned_by(ty, "repeated blocks hold layers or #[model] structs, not arrays: nest a model that holds the inner array");
+            return None;
+        }
+        let item = layer_kind(&array.elem, params, env, cx)?;
+        return Some(FieldKind::Repeated {
+            count,
+            item: Box::new(item),
+        });
+    }
     let syn::Type::Path(tp) = ty else {
-        cx.error_spanned_by(ty, "a model field must be a layer (Linear, Conv2d, Embedding, LayerNorm, Param1..Param4) or another #[model] struct");
+        cx.error_spanned_by(ty, "a model field must be a layer (Linear, Conv2d, Embedding, LayerNorm, Param1..Param4) , another #[model] struct, or an array of them (`[Block; 4]`)");
         return None;
     };
     let last = tp.path.segments.last()?;
@@ -399,6 +441,8 @@ pub struct GraphFnDef {
     /// Why the body did not parse (the body is then empty): the signature still gives the
     /// model its methods, so the program calling them reports nothing more.
     pub body_error: Option<syn::Error>,
+    /// The function's doc comment (`/// ..` above it), put on the generated methods.
+    pub docs: Vec<syn::Attribute>,
 }
 
 #[derive(Clone)]
@@ -418,6 +462,16 @@ fn parse_dims(input: ParseStream) -> syn::Result<(Vec<syn::Expr>, TokenStream)> 
 
 impl Parse for GraphFnDef {
     fn parse(input: ParseStream) -> syn::Result<Self> {
+        let mut docs = Vec::new();
+        for attr in input.call(syn::Attribute::parse_outer)? {
+            if !attr.path().is_ident("doc") {
+                return Err(syn::Error::new_spanned(
+                    attr,
+                    "unknown attribute on a graph function: only doc comments (`/// ..`) are allowed here",
+                ));
+            }
+            docs.push(attr);
+        }
         input.parse::<Token![fn]>()?;
         let name: syn::Ident = input.parse()?;
         let mut symbols = Vec::new();
@@ -504,6 +558,7 @@ impl Parse for GraphFnDef {
             output,
             body,
             body_error,
+            docs,
         })
     }
 }

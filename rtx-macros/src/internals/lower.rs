@@ -71,17 +71,55 @@ pub struct Lowerer<'a> {
 }
 
 /// Where names resolve while lowering one function body.
-struct Scope<'s> {
-    model: &'s ModelStruct,
-    fns: &'s [GraphFnDef],
+pub(super) struct Scope<'s> {
+    pub(super) model: &'s ModelStruct,
+    pub(super) fns: &'s [GraphFnDef],
     /// Field path from the top model to this one (`["enc"]`).
-    prefix: Vec<String>,
+    pub(super) prefix: Vec<String>,
     /// Symbolic dims and nested generic params, resolved to the caller's dims.
-    env: HashMap<String, Dim>,
-    symbols: Vec<syn::Ident>,
+    pub(super) env: HashMap<String, Dim>,
+    pub(super) symbols: Vec<syn::Ident>,
     /// Values by name; `None` is a poisoned binding (its right-hand side failed and was
     /// reported), so what reads it stays silent instead of cascading.
-    vars: HashMap<String, Option<NodeId>>,
+    pub(super) vars: HashMap<String, Option<NodeId>>,
+    /// Loop variables bound to one of repeated blocks (`for block in &self.blocks`).
+    pub(super) aliases: HashMap<String, Member>,
+}
+
+/// A layer or nested model the graph calls: a field, one of repeated blocks, or a loop
+/// variable bound to one.
+#[derive(Clone)]
+pub(super) struct Member {
+    /// Names below the current model: `["fc"]`, `["blocks", "0"]`.
+    pub path: Vec<String>,
+    /// As the user wrote it: `self.fc`, `self.blocks[0]`, `block`.
+    pub shown: String,
+    pub kind: FieldKind,
+}
+
+impl Member {
+    fn field(name: &str, kind: FieldKind) -> Member {
+        Member {
+            path: vec![name.to_string()],
+            shown: format!("self.{name}"),
+            kind,
+        }
+    }
+}
+
+/// A call as written, for spans: the whole expression and its arguments.
+pub(super) struct CallSyntax {
+    pub whole: TokenStream,
+    pub args: Vec<syn::Expr>,
+}
+
+impl CallSyntax {
+    fn new(whole: &dyn ToTokens, args: impl IntoIterator<Item = syn::Expr>) -> CallSyntax {
+        CallSyntax {
+            whole: whole.to_token_stream(),
+            args: args.into_iter().collect(),
+        }
+    }
 }
 
 fn join(prefix: &[String], name: &str) -> String {
@@ -219,7 +257,7 @@ impl<'a> Lowerer<'a> {
             .unwrap_or(0)
     }
 
-    fn param(&mut self, name: String, access: Vec<String>, shape: Shape) -> NodeId {
+    pub(super) fn param(&mut self, name: String, access: Vec<String>, shape: Shape) -> NodeId {
         if let Some(p) = self.params.iter().find(|p| p.name == name) {
             return p.node;
         }
@@ -256,6 +294,7 @@ impl<'a> Lowerer<'a> {
             env: HashMap::new(),
             symbols: f.symbols.clone(),
             vars: HashMap::new(),
+            aliases: HashMap::new(),
         };
         let mut ok = true;
         // Every input dimension with the expression it was written as, to check below that
@@ -408,52 +447,25 @@ impl<'a> Lowerer<'a> {
         let mut failed = false;
         for (i, stmt) in block.stmts.iter().enumerate() {
             match stmt {
-                syn::Stmt::Local(local) => {
-                    // A `let` that cannot bind poisons every name in its pattern, so the
-                    // lines that read them add nothing to its one error.
-                    let poison = |sc: &mut Scope| {
-                        let mut names = Vec::new();
-                        pattern_names(&local.pat, &mut names);
-                        for n in names {
-                            sc.vars.insert(n, None);
-                        }
-                    };
-                    let syn::Pat::Ident(pi) = &local.pat else {
-                        self.cx.error_spanned_by(
-                            &local.pat,
-                            "graph! supports only `let name = expr;` (no type annotation or pattern: shapes are inferred)",
-                        );
-                        poison(sc);
-                        failed = true;
-                        continue;
-                    };
-                    let Some(init) = &local.init else {
-                        self.cx
-                            .error_spanned_by(local, "a `let` in graph! needs a value");
-                        poison(sc);
-                        failed = true;
-                        continue;
-                    };
-                    // A failed right-hand side poisons the name, also hiding any binding it
-                    // shadowed: later lines that read it are neither "unknown" nor checked
-                    // against the stale value.
-                    let value = self.lower_expr(sc, &init.expr);
-                    failed |= value.is_none();
-                    sc.vars.insert(pi.ident.to_string(), value);
-                }
+                syn::Stmt::Local(local) => failed |= !self.lower_let(sc, local),
+                syn::Stmt::Expr(syn::Expr::ForLoop(l), _) => failed |= !self.lower_for(sc, l),
+                syn::Stmt::Expr(syn::Expr::Assign(a), _) => failed |= !self.lower_assign(sc, a),
                 syn::Stmt::Expr(e, None) if i + 1 == block.stmts.len() => {
                     last = self.lower_expr(sc, e)
                 }
                 other => {
                     self.cx.error_spanned_by(
                         other,
-                        "graph! bodies hold `let` bindings and end with the result expression",
+                        "graph! bodies hold `let` bindings, assignments and `for` loops over repeated blocks, and end with the result expression",
                     );
                     failed = true;
                 }
             }
         }
-        let has_tail = matches!(block.stmts.last(), Some(syn::Stmt::Expr(_, None)));
+        let has_tail = matches!(
+            block.stmts.last(),
+            Some(syn::Stmt::Expr(e, None)) if !matches!(e, syn::Expr::ForLoop(_) | syn::Expr::Assign(_))
+        );
         if !has_tail && !failed {
             self.cx.error_spanned_by(
                 block,
@@ -463,7 +475,39 @@ impl<'a> Lowerer<'a> {
         if failed { None } else { last }
     }
 
-    fn lower_expr(&mut self, sc: &mut Scope, e: &syn::Expr) -> Option<NodeId> {
+    /// `let name = expr;`; false when it failed (reported), leaving its names poisoned.
+    pub(super) fn lower_let(&mut self, sc: &mut Scope, local: &syn::Local) -> bool {
+        // A `let` that cannot bind poisons every name in its pattern, so the lines that read
+        // them add nothing to its one error.
+        let poison = |sc: &mut Scope| {
+            let mut names = Vec::new();
+            pattern_names(&local.pat, &mut names);
+            for n in names {
+                sc.vars.insert(n, None);
+            }
+        };
+        let syn::Pat::Ident(pi) = &local.pat else {
+            self.cx.error_spanned_by(
+                &local.pat,
+                "graph! supports only `let name = expr;` (no type annotation or pattern: shapes are inferred)",
+            );
+            poison(sc);
+            return false;
+        };
+        let Some(init) = &local.init else {
+            self.cx
+                .error_spanned_by(local, "a `let` in graph! needs a value");
+            poison(sc);
+            return false;
+        };
+        // A failed right-hand side poisons the name, also hiding any binding it shadowed:
+        // later lines that read it are neither "unknown" nor checked against the stale value.
+        let value = self.lower_expr(sc, &init.expr);
+        sc.vars.insert(pi.ident.to_string(), value);
+        value.is_some()
+    }
+
+    pub(super) fn lower_expr(&mut self, sc: &mut Scope, e: &syn::Expr) -> Option<NodeId> {
         match e {
             syn::Expr::Paren(p) => self.lower_expr(sc, &p.expr),
             syn::Expr::Group(g) => self.lower_expr(sc, &g.expr),
@@ -475,6 +519,10 @@ impl<'a> Lowerer<'a> {
                     .unwrap_or_default();
                 match sc.vars.get(&name) {
                     Some(&value) => value,
+                    None if sc.aliases.contains_key(&name) => {
+                        let member = sc.aliases.get(&name).cloned()?;
+                        self.member_value(sc, &member, e)
+                    }
                     None => {
                         let mut known: Vec<&str> = sc.vars.keys().map(String::as_str).collect();
                         known.sort();
@@ -541,6 +589,13 @@ impl<'a> Lowerer<'a> {
                         access.extend([name, "value".to_string()]);
                         Some(self.param(full, access, shape))
                     }
+                    Some(FieldKind::Repeated { count, .. }) => {
+                        self.cx.error_spanned_by(
+                            e,
+                            format!("`self.{name}` holds {count} blocks\n\n= help: apply them in turn with `for block in &self.{name} {{ x = block(x); }}`, or one of them with `self.{name}[0](x)`"),
+                        );
+                        None
+                    }
                     Some(_) => {
                         self.cx.error_spanned_by(
                             e,
@@ -554,6 +609,10 @@ impl<'a> Lowerer<'a> {
                     }
                 }
             }
+            syn::Expr::Index(_) => {
+                let member = self.member_of(sc, e)??;
+                self.member_value(sc, &member, e)
+            }
             syn::Expr::MethodCall(m) => self.lower_method(sc, m, e),
             syn::Expr::Call(c) => self.lower_call(sc, c, e),
             _ => {
@@ -563,7 +622,7 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    fn unknown_field(&self, sc: &Scope, e: &dyn ToTokens, name: &str) {
+    pub(super) fn unknown_field(&self, sc: &Scope, e: &dyn ToTokens, name: &str) {
         let fields: Vec<String> = sc
             .model
             .fields
@@ -591,6 +650,7 @@ impl<'a> Lowerer<'a> {
         e: &syn::Expr,
     ) -> Option<NodeId> {
         let method = m.method.to_string();
+        let call = CallSyntax::new(m, m.args.iter().cloned());
         // self.field(x) or self.graph_fn(x..)
         if is_self(&m.receiver) {
             let args: Vec<Option<NodeId>> = m.args.iter().map(|a| self.lower_expr(sc, a)).collect();
@@ -603,7 +663,8 @@ impl<'a> Lowerer<'a> {
             }
             let args: Vec<NodeId> = args.into_iter().collect::<Option<_>>()?;
             if let Some(field) = sc.model.field(&method).cloned() {
-                return self.layer_call(sc, &field.kind, &method, &args, m, e);
+                let member = Member::field(&method, field.kind);
+                return self.layer_call(sc, &member, &args, &call, e);
             }
             if let Some(f) = sc.fns.iter().find(|f| f.name == method) {
                 let f = f.clone();
@@ -617,7 +678,7 @@ impl<'a> Lowerer<'a> {
                     &f,
                     &args,
                     &format!("self.{method}(..)"),
-                    m,
+                    &call,
                     None,
                 );
             }
@@ -635,23 +696,32 @@ impl<'a> Lowerer<'a> {
                 return None;
             };
             let args: Vec<NodeId> = args.into_iter().collect::<Option<_>>()?;
-            return self.nested_call(sc, &field.kind, &name, &method, &args, m);
+            let member = Member::field(&name, field.kind);
+            return self.nested_call(sc, &member, &method, Some(&m.method), &args, &call);
+        }
+        // self.blocks[0].graph_fn(x..), or block.graph_fn(x..) in a loop over them
+        if let Some(member) = self.member_of(sc, &m.receiver) {
+            let member = member?;
+            let args: Vec<Option<NodeId>> = m.args.iter().map(|a| self.lower_expr(sc, a)).collect();
+            let args: Vec<NodeId> = args.into_iter().collect::<Option<_>>()?;
+            return self.nested_call(sc, &member, &method, Some(&m.method), &args, &call);
         }
         self.cx.error_spanned_by(e, format!("unknown method `.{method}()` in graph!: ops are written as functions, e.g. `{method}(x)`"));
         None
     }
 
-    fn layer_call(
+    pub(super) fn layer_call(
         &mut self,
         sc: &mut Scope,
-        kind: &FieldKind,
-        field: &str,
+        member: &Member,
         args: &[NodeId],
-        m: &syn::ExprMethodCall,
+        call: &CallSyntax,
         e: &syn::Expr,
     ) -> Option<NodeId> {
-        let callsite = format!("self.{field}(..)");
-        let arg_tok: Vec<&dyn ToTokens> = m.args.iter().map(|a| a as &dyn ToTokens).collect();
+        let kind = &member.kind;
+        let shown = &member.shown;
+        let callsite = format!("{shown}(..)");
+        let arg_tok: Vec<&dyn ToTokens> = call.args.iter().map(|a| a as &dyn ToTokens).collect();
         let want_args = |me: &Self, n: usize| {
             if args.len() != n {
                 me.cx.error_spanned_by(
@@ -662,10 +732,11 @@ impl<'a> Lowerer<'a> {
             }
             true
         };
-        let pname = |p: &str| join(&sc.prefix, &format!("{field}.{p}"));
+        let pname = |p: &str| join(&sc.prefix, &format!("{}.{p}", member.path.join(".")));
         let access = |p: &str| {
             let mut a = sc.prefix.clone();
-            a.extend([field.to_string(), p.to_string()]);
+            a.extend(member.path.iter().cloned());
+            a.push(p.to_string());
             a
         };
         match kind {
@@ -692,7 +763,7 @@ impl<'a> Lowerer<'a> {
                             axis: Some(n - 1),
                         },
                         help: Some(format!(
-                            "`self.{field}` is a Linear with {inp} inputs; its input's last dimension is {last}"
+                            "`{shown}` is a Linear with {inp} inputs; its input's last dimension is {last}"
                         )),
                     };
                     self.cx
@@ -762,7 +833,7 @@ impl<'a> Lowerer<'a> {
                 {
                     self.cx.error_spanned_by(
                         arg_tok[0].to_token_stream(),
-                        format!("shape mismatch in `{callsite}`: the position table has {rows} rows, shorter than the {len} positions it is asked for\n\n= help: make `self.{field}` an Embedding<{len}, {dim}> or larger (the model's context), or use a shorter sequence"),
+                        format!("shape mismatch in `{callsite}`: the position table has {rows} rows, shorter than the {len} positions it is asked for\n\n= help: make `{shown}` an Embedding<{len}, {dim}> or larger (the model's context), or use a shorter sequence"),
                     );
                     return None;
                 }
@@ -834,10 +905,17 @@ impl<'a> Lowerer<'a> {
                 self.push(Op::Add, &[y, b], &callsite, e, &[])
             }
             FieldKind::Param { .. } => {
-                self.cx.error_spanned_by(e, format!("`self.{field}` is a parameter, not a layer: use it as a value, `self.{field}`"));
+                self.cx.error_spanned_by(
+                    e,
+                    format!("`{shown}` is a parameter, not a layer: use it as a value, `{shown}`"),
+                );
                 None
             }
-            FieldKind::Nested { .. } => self.nested_call(sc, kind, field, "forward", args, m),
+            FieldKind::Nested { .. } => self.nested_call(sc, member, "forward", None, args, call),
+            FieldKind::Repeated { count, .. } => {
+                self.cx.error_spanned_by(e, format!("`{shown}` holds {count} blocks; it is not one layer\n\n= help: apply them in turn with `for block in &{shown} {{ x = block(x); }}`, or one of them with `{shown}[0](x)`"));
+                None
+            }
         }
     }
 
@@ -859,22 +937,27 @@ impl<'a> Lowerer<'a> {
     fn nested_call(
         &mut self,
         sc: &mut Scope,
-        kind: &FieldKind,
-        field: &str,
+        member: &Member,
         method: &str,
+        method_tok: Option<&syn::Ident>,
         args: &[NodeId],
-        m: &syn::ExprMethodCall,
+        call: &CallSyntax,
     ) -> Option<NodeId> {
+        let shown = &member.shown;
         let FieldKind::Nested {
             type_name,
             args: type_args,
             ..
-        } = kind
+        } = &member.kind
         else {
-            self.cx.error_spanned_by(
-                m,
-                format!("`self.{field}` is a layer; it has no graph function `{method}`"),
-            );
+            let what = if matches!(member.kind, FieldKind::Repeated { .. }) {
+                format!(
+                    "`{shown}` holds repeated blocks; call one of them: `{shown}[0].{method}(..)`, or each in a `for` loop"
+                )
+            } else {
+                format!("`{shown}` is a layer; it has no graph function `{method}`")
+            };
+            self.cx.error_spanned_by(&call.whole, what);
             return None;
         };
         let nm = match self.nested.get(type_name) {
@@ -884,7 +967,7 @@ impl<'a> Lowerer<'a> {
                 return None;
             }
             None => {
-                self.cx.error_spanned_by(m, format!("the graph of nested model `{type_name}` is not available\n\n= help: mark both its struct and its impl with #[model]"));
+                self.cx.error_spanned_by(&call.whole, format!("the graph of nested model `{type_name}` is not available\n\n= help: mark both its struct and its impl with #[model]"));
                 return None;
             }
         };
@@ -906,18 +989,22 @@ impl<'a> Lowerer<'a> {
         let quiet = Ctxt::new();
         let inner = ModelStruct::from_item(&nm.item, &env, &quiet);
         let Some(f) = nm.graph.fns.iter().find(|f| f.name == method).cloned() else {
+            let at = match method_tok {
+                Some(t) => t.to_token_stream(),
+                None => call.whole.clone(),
+            };
             self.cx.error_spanned_by(
-                &m.method,
+                at,
                 format!("nested model `{type_name}` has no graph function `{method}`"),
             );
             return None;
         };
         let mut prefix = sc.prefix.clone();
-        prefix.push(field.to_string());
-        let callsite = if method == "forward" && !matches!(&*m.receiver, syn::Expr::Field(_)) {
-            format!("self.{field}(..)")
+        prefix.extend(member.path.iter().cloned());
+        let callsite = if method_tok.is_none() {
+            format!("{shown}(..)")
         } else {
-            format!("self.{field}.{method}(..)")
+            format!("{shown}.{method}(..)")
         };
         // An error in the nested model's lines here holds for this instance only (its own
         // expansion checked it for every instance): say which one, and where it is nested.
@@ -933,7 +1020,7 @@ impl<'a> Lowerer<'a> {
         };
         let context = format!(
             "in `{instance}`, the model of `self.{}` in `{}`",
-            join(&sc.prefix, field),
+            join(&sc.prefix, &member.path.join(".")),
             sc.model.name
         );
         self.inline_call(
@@ -944,7 +1031,7 @@ impl<'a> Lowerer<'a> {
             &f,
             args,
             &callsite,
-            m,
+            call,
             Some(context),
         )
     }
@@ -961,7 +1048,7 @@ impl<'a> Lowerer<'a> {
         f: &GraphFnDef,
         args: &[NodeId],
         callsite: &str,
-        m: &syn::ExprMethodCall,
+        call: &CallSyntax,
         context: Option<String>,
     ) -> Option<NodeId> {
         // A callee whose body did not parse has reported it.
@@ -971,14 +1058,14 @@ impl<'a> Lowerer<'a> {
         let key = format!("{}::{}", model.name, f.name);
         if self.stack.contains(&key) || self.stack.len() > 32 {
             self.cx.error_spanned_by(
-                m,
+                &call.whole,
                 format!("`{callsite}` calls itself; graph functions cannot recurse"),
             );
             return None;
         }
         if args.len() != f.inputs.len() {
             self.cx.error_spanned_by(
-                m,
+                &call.whole,
                 format!(
                     "`{callsite}` takes {} argument(s), found {}",
                     f.inputs.len(),
@@ -1008,7 +1095,7 @@ impl<'a> Lowerer<'a> {
                 match dim_from_expr(d, &[], &model.const_params, &env) {
                     Ok(dim) => {
                         if let Some(fd) = found.get(j) {
-                            ok &= self.same_or_oblige(fd, &dim, &m.args[i], callsite);
+                            ok &= self.same_or_oblige(fd, &dim, &call.args[i], callsite);
                         }
                         expected.push(dim);
                     }
@@ -1070,7 +1157,7 @@ impl<'a> Lowerer<'a> {
                     help: Some(help),
                 };
                 self.cx
-                    .error_spanned_by(&m.args[i], message(callsite, &err));
+                    .error_spanned_by(&call.args[i], message(callsite, &err));
                 return None;
             }
             let want = if inp.dtype == ElemType::I64 {
@@ -1083,7 +1170,7 @@ impl<'a> Lowerer<'a> {
                     return None;
                 }
                 self.cx.error_spanned_by(
-                    &m.args[i],
+                    &call.args[i],
                     format!(
                         "dtype mismatch in `{callsite}`: argument `{}` must be {}",
                         inp.name,
@@ -1101,6 +1188,7 @@ impl<'a> Lowerer<'a> {
             env,
             symbols: Vec::new(),
             vars,
+            aliases: HashMap::new(),
         };
         self.stack.push(key);
         if let Some(note) = &context {
@@ -1125,7 +1213,7 @@ impl<'a> Lowerer<'a> {
         let computed = self.shape(out).clone();
         let before = self.u.obligations.len();
         let same = self.u.same_shape(&declared, &computed);
-        self.defer_obligations(before, m, callsite);
+        self.defer_obligations(before, &call.whole, callsite);
         if same {
             return Some(out);
         }
@@ -1160,7 +1248,7 @@ impl<'a> Lowerer<'a> {
             if let Some(note) = &context {
                 msg = format!("{msg}\n\n= note: {note}");
             }
-            self.cx.error_spanned_by(m, msg);
+            self.cx.error_spanned_by(&call.whole, msg);
         }
         None
     }
@@ -1422,6 +1510,14 @@ impl<'a> Lowerer<'a> {
     }
 
     fn lower_call(&mut self, sc: &mut Scope, c: &syn::ExprCall, e: &syn::Expr) -> Option<NodeId> {
+        // self.blocks[0](x), or block(x) in a loop over them
+        if let Some(member) = self.member_of(sc, &c.func) {
+            let args: Vec<Option<NodeId>> = c.args.iter().map(|a| self.lower_expr(sc, a)).collect();
+            let member = member?;
+            let args: Vec<NodeId> = args.into_iter().collect::<Option<_>>()?;
+            let call = CallSyntax::new(e, c.args.iter().cloned());
+            return self.layer_call(sc, &member, &args, &call, e);
+        }
         let syn::Expr::Path(fp) = &*c.func else {
             self.cx.error_spanned_by(&c.func, "expected an op name");
             return None;

@@ -5,4 +5,5 @@ pub mod ast;
 pub mod ctxt;
 mod library_call;
 pub mod lower;
+mod repeat;
 mod syntax;
