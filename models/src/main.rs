@@ -6,8 +6,12 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use models::cnn::Cnn;
+use models::corpus::load_shakespeare;
+use models::gpt::{CONTEXT, Gpt};
 use models::mlp::Mlp;
 use models::train::{Classifier, TrainConfig, TrainReport, held_out_accuracy, train};
+use models::train_gpt::{GptConfig, mean_loss, train_gpt};
+use rtx_core::batches::TokenBatches;
 use rtx_core::prelude::*;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -15,7 +19,7 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(
     name = "models",
-    about = "Train RustyTorch++ models on the embedded 8x8 digits data set"
+    about = "Train RustyTorch++ models: an MLP and a CNN on the embedded 8x8 digits, a character-level GPT on the embedded Shakespeare"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -36,6 +40,27 @@ enum Command {
         /// Write the trained weights to this safetensors file.
         #[arg(long)]
         save: Option<PathBuf>,
+        /// gpt: optimizer steps (the cosine schedule spans them).
+        #[arg(long)]
+        steps: Option<usize>,
+        /// gpt: stop after this many seconds of training (evaluation excluded).
+        #[arg(long)]
+        max_seconds: Option<f64>,
+        /// gpt: sequences per batch.
+        #[arg(long)]
+        batch: Option<usize>,
+        /// gpt: peak learning rate.
+        #[arg(long)]
+        lr: Option<f32>,
+        /// gpt: validate every this many steps.
+        #[arg(long)]
+        eval_every: Option<usize>,
+        /// gpt: validation batches per evaluation (default: the whole validation split).
+        #[arg(long)]
+        eval_batches: Option<usize>,
+        /// gpt: write the loss curve (step, seconds, train and validation loss) here.
+        #[arg(long, default_value = "gpt_loss.csv")]
+        csv: PathBuf,
     },
     /// Load weights from a safetensors file and report held-out accuracy.
     Eval {
@@ -71,6 +96,8 @@ enum Format {
 enum Which {
     Mlp,
     Cnn,
+    /// Character-level transformer on the embedded Shakespeare corpus.
+    Gpt,
 }
 
 fn run<M: Classifier>(cfg: &TrainConfig, save: Option<PathBuf>) -> Result<TrainReport> {
@@ -96,6 +123,19 @@ fn eval<M: Classifier>(path: &Path) -> Result<()> {
     Ok(())
 }
 
+fn eval_gpt(path: &Path) -> Result<()> {
+    let mut model = Gpt::init(0);
+    model.load_safetensors(path)?;
+    let corpus = load_shakespeare()?;
+    let batches = TokenBatches::new(&corpus.validation, CONTEXT, 32)?.sequential()?;
+    let loss = mean_loss(&model, &batches)?;
+    println!(
+        "eval: model=gpt weights={} val_loss={loss:.4}",
+        path.display()
+    );
+    Ok(())
+}
+
 fn print_graph(ir: rtx_core::ir::ModelIr, format: Format) -> Result<()> {
     match format {
         Format::Text => print!("{}", ir.to_text()),
@@ -105,10 +145,45 @@ fn print_graph(ir: rtx_core::ir::ModelIr, format: Format) -> Result<()> {
     Ok(())
 }
 
+fn train_gpt_and_report(cfg: &GptConfig, save: Option<PathBuf>) -> Result<()> {
+    println!(
+        "training gpt on the embedded Shakespeare corpus (seed {}, {} steps, batch {})",
+        cfg.seed, cfg.steps, cfg.batch
+    );
+    let (model, r) = train_gpt(cfg)?;
+    println!("parameters: {}", model.num_params());
+    for p in &r.curve {
+        println!(
+            "step {:>6} seconds {:>7.1} train_loss {:.4} val_loss {:.4}",
+            p.step,
+            p.seconds,
+            p.train_loss,
+            p.val_loss.unwrap_or(f32::NAN)
+        );
+    }
+    if let Some(path) = &cfg.csv {
+        println!("loss curve: {}", path.display());
+    }
+    if let Some(path) = save {
+        model.save_safetensors(&path)?;
+        println!("saved weights to {}", path.display());
+    }
+    println!(
+        "final: model=gpt val_loss={:.4} tokens_per_s={:.0} seconds={:.1}",
+        r.val_loss, r.tokens_per_s, r.seconds
+    );
+    Ok(())
+}
+
 fn train_and_report(which: Which, cfg: &TrainConfig, save: Option<PathBuf>) -> Result<()> {
     let r = match which {
         Which::Mlp => run::<Mlp>(cfg, save),
         Which::Cnn => run::<Cnn>(cfg, save),
+        Which::Gpt => {
+            return Err(RtxError::Invalid(
+                "the gpt is trained by `models train --model gpt`".into(),
+            ));
+        }
     }?;
     println!(
         "final: model={} test_accuracy={:.4} epochs={} seconds={:.1}",
@@ -133,10 +208,41 @@ fn main() -> ExitCode {
             None,
         ),
         Some(Command::Train {
+            model: Which::Gpt,
+            seed,
+            save,
+            steps,
+            max_seconds,
+            batch,
+            lr,
+            eval_every,
+            eval_batches,
+            csv,
+            ..
+        }) => {
+            let d = GptConfig::default();
+            train_gpt_and_report(
+                &GptConfig {
+                    steps: steps.unwrap_or(d.steps),
+                    max_seconds: max_seconds.or(d.max_seconds),
+                    batch: batch.unwrap_or(d.batch),
+                    lr: lr.unwrap_or(d.lr),
+                    eval_every: eval_every.unwrap_or(d.eval_every).max(1),
+                    eval_batches,
+                    seed,
+                    csv: Some(csv),
+                    progress: true,
+                    ..d
+                },
+                save,
+            )
+        }
+        Some(Command::Train {
             model,
             epochs,
             seed,
             save,
+            ..
         }) => train_and_report(
             model,
             &TrainConfig {
@@ -155,6 +261,10 @@ fn main() -> ExitCode {
             model: Which::Cnn,
             load,
         }) => eval::<Cnn>(&load),
+        Some(Command::Eval {
+            model: Which::Gpt,
+            load,
+        }) => eval_gpt(&load),
         Some(Command::Graph {
             model: Which::Mlp,
             format,
@@ -163,6 +273,10 @@ fn main() -> ExitCode {
             model: Which::Cnn,
             format,
         }) => Cnn::graph().and_then(|ir| print_graph(ir, format)),
+        Some(Command::Graph {
+            model: Which::Gpt,
+            format,
+        }) => Gpt::graph().and_then(|ir| print_graph(ir, format)),
         Some(Command::Bench { filter }) => models::bench::run(filter.as_deref()),
     };
     match result {

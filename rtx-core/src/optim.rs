@@ -352,6 +352,14 @@ impl AdamW {
     pub fn weight_decay(self, wd: f32) -> AdamW {
         AdamW(self.0.weight_decay(wd))
     }
+    /// The learning rate of the next step.
+    pub fn lr(&self) -> f32 {
+        self.0.lr
+    }
+    /// Sets the learning rate of the next steps (a schedule calls this each step).
+    pub fn set_lr(&mut self, lr: f32) {
+        self.0.lr = lr;
+    }
 }
 
 impl Optimizer for AdamW {

@@ -805,3 +805,120 @@ fn every_library_op_has_a_test_here() {
         assert!(tested.contains(&op.name), "`{}` has no test", op.name);
     }
 }
+
+fn attend(c: &mut Case, q: NodeId, k: NodeId, v: NodeId, causal: bool) -> Result<NodeId, String> {
+    let def = lookup("attention").unwrap();
+    let args = Args(vec![
+        Arg::Tensor(q),
+        Arg::Tensor(k),
+        Arg::Tensor(v),
+        Arg::Flag(causal),
+    ]);
+    (def.lower)(c, &args).map_err(|e| e.to_string())
+}
+
+/// softmax(q k^T / sqrt(d) (+ causal mask)) v for one [t, d] slice, in f64.
+fn attention_by_hand(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    t: usize,
+    d: usize,
+    causal: bool,
+) -> Vec<f64> {
+    let mut out = vec![0.0; t * d];
+    for i in 0..t {
+        let seen = if causal { i + 1 } else { t };
+        let scores: Vec<f64> = (0..seen)
+            .map(|j| (0..d).map(|x| q[i * d + x] * k[j * d + x]).sum::<f64>() / (d as f64).sqrt())
+            .collect();
+        let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+        for (j, s) in scores.iter().enumerate() {
+            let w = (s - max).exp() / total;
+            for x in 0..d {
+                out[i * d + x] += w * v[j * d + x];
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_is_softmax_of_scaled_scores_times_values() {
+    for causal in [false, true] {
+        let mut c = Case::new(40);
+        let (b, h, t, d) = (2, 2, 5, 4);
+        let (q, k, v) = (
+            c.random(&[b, h, t, d]),
+            c.random(&[b, h, t, d]),
+            c.random(&[b, h, t, d]),
+        );
+        let out = attend(&mut c, q, k, v, causal).unwrap();
+        let values = c.run(&c.graph, &c.inputs, &c.params, false);
+        assert_eq!(values[out].shape, vec![b, h, t, d]);
+        let n = t * d;
+        for slice in 0..b * h {
+            let part = |id: NodeId| values[id].data[slice * n..(slice + 1) * n].to_vec();
+            let want = attention_by_hand(&part(q), &part(k), &part(v), t, d, causal);
+            for (i, (got, want)) in part(out).iter().zip(&want).enumerate() {
+                assert!(
+                    (got - want).abs() < 1e-12,
+                    "causal={causal} slice {slice} [{i}]: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_gradients_match_finite_differences() {
+    for causal in [false, true] {
+        check_grads(|c| {
+            let (q, k, v) = (
+                c.random(&[2, 4, 3]),
+                c.random(&[2, 4, 3]),
+                c.random(&[2, 4, 3]),
+            );
+            attend(c, q, k, v, causal).unwrap()
+        });
+    }
+}
+
+#[test]
+fn attention_rejects_queries_and_keys_of_different_widths() {
+    let mut c = Case::new(41);
+    let (q, k, v) = (
+        c.random(&[2, 4, 8]),
+        c.random(&[2, 4, 6]),
+        c.random(&[2, 4, 6]),
+    );
+
+    let err = attend(&mut c, q, k, v, false).unwrap_err();
+
+    assert!(
+        err.contains("[2, 4, 8]") && err.contains("[2, 4, 6]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn attention_rejects_values_that_do_not_match_the_keys() {
+    let mut c = Case::new(42);
+    let (q, k, v) = (c.random(&[4, 8]), c.random(&[4, 8]), c.random(&[5, 8]));
+
+    let err = attend(&mut c, q, k, v, false).unwrap_err();
+
+    assert!(err.contains("one row per key"), "{err}");
+}
+
+#[test]
+fn causal_attention_needs_as_many_queries_as_keys() {
+    let mut c = Case::new(43);
+    let (q, k, v) = (c.random(&[1, 8]), c.random(&[4, 8]), c.random(&[4, 8]));
+
+    let err = attend(&mut c, q, k, v, true).unwrap_err();
+
+    assert!(err.contains("as many queries as keys"), "{err}");
+    assert!(attend(&mut c, q, k, v, false).is_ok());
+}

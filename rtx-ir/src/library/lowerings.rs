@@ -499,3 +499,95 @@ pub(super) fn narrow(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
         &[a.tensor(0)?],
     )
 }
+
+/// Scaled dot-product attention, `softmax(q k^T / sqrt(D) + mask) v`, over the last two axes
+/// of `q: [.., Tq, D]`, `k: [.., Tk, D]`, `v: [.., Tk, Dv]` (leading axes broadcast as in
+/// matmul). With `causal`, query `i` sees keys `0..=i` (PyTorch's `is_causal`; it needs
+/// `Tq == Tk`: a decoding step with a cache attends to every cached key without a mask).
+/// The scores are a `[.., Tq, Tk]` value here; the softmax is one row kernel forward and
+/// backward.
+pub(super) fn attention(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
+    let (q, k, v) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
+    let causal = a.flag(3)?;
+    let (qs, ks, vs) = (e.shape(q).clone(), e.shape(k).clone(), e.shape(v).clone());
+    for (i, (s, what)) in [(&qs, "q"), (&ks, "k"), (&vs, "v")].into_iter().enumerate() {
+        if s.len() < 2 {
+            e.blame(i);
+            return Err(ShapeError::invalid(
+                i,
+                format!(
+                    "attention needs {what} with [.., T, D] axes, found {}",
+                    crate::fmt_shape(s)
+                ),
+            ));
+        }
+    }
+    let (rq, rk, rv) = (qs.len(), ks.len(), vs.len());
+    // Queries and keys are compared feature by feature: their widths agree.
+    let mut want_k = ks.clone();
+    want_k[rk - 1] = qs[rq - 1].clone();
+    if !e.same_shape(&want_k, &ks) {
+        e.blame(1);
+        return Err(ShapeError::mismatch(1, want_k, &ks).with_help(format!(
+            "q and k are compared feature by feature, so their last dimensions agree; q is {}",
+            crate::fmt_shape(&qs)
+        )));
+    }
+    // One value per key.
+    let mut want_v = vs.clone();
+    want_v[rv - 2] = ks[rk - 2].clone();
+    if !e.same_shape(&want_v, &vs) {
+        e.blame(2);
+        return Err(ShapeError::mismatch(2, want_v, &vs).with_help(format!(
+            "v holds one row per key, so its second-to-last dimension is k's; k is {}",
+            crate::fmt_shape(&ks)
+        )));
+    }
+    let Some(width) = qs[rq - 1].as_known().filter(|&d| d > 0) else {
+        e.blame(0);
+        return Err(ShapeError::invalid(
+            0,
+            format!(
+                "attention scales by 1/sqrt(head size), so the head size must be a literal; found {} in {}",
+                qs[rq - 1],
+                crate::fmt_shape(&qs)
+            ),
+        ));
+    };
+    if causal {
+        let (tq, tk) = (vec![qs[rq - 2].clone()], vec![ks[rk - 2].clone()]);
+        if !e.same_shape(&tq, &tk) {
+            e.blame(1);
+            return Err(ShapeError::invalid(
+                1,
+                format!(
+                    "causal attention needs as many queries as keys; q has {} and k {}",
+                    qs[rq - 2],
+                    ks[rk - 2]
+                ),
+            )
+            .with_help(
+                "a decoding step against cached keys sees all of them: drop `causal` there",
+            ));
+        }
+    }
+    let mut perm: Vec<usize> = (0..rk).collect();
+    perm.swap(rk - 2, rk - 1);
+    let kt = e.op(Op::Permute { perm }, &[k])?;
+    let scores = e.op(Op::MatMul, &[q, kt])?;
+    let scale = e.constant(1.0 / (width as f64).sqrt());
+    let mut scores = e.op(Op::Mul, &[scores, scale])?;
+    if causal {
+        // Key j is hidden from query i when j > i; a large finite value, not -inf, keeps
+        // every intermediate finite (the diagonal is never hidden, so each row has a max).
+        let r = e.shape(scores).len();
+        let rows = e.op(Op::Iota { axis: r - 2 }, &[scores])?;
+        let cols = e.op(Op::Iota { axis: r - 1 }, &[scores])?;
+        let future = e.op(Op::Compare { cmp: Cmp::Gt }, &[cols, rows])?;
+        let hidden = e.constant(-1e30);
+        scores = e.op(Op::Select, &[future, hidden, scores])?;
+    }
+    let r = e.shape(scores).len();
+    let weights = softmax(e, scores, r - 1, false)?;
+    e.op(Op::MatMul, &[weights, v])
+}

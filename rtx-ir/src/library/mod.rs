@@ -355,6 +355,12 @@ pub const LIBRARY: &[LibraryOp] = &[
         rope,
     ),
     row(
+        "attention",
+        &[Tensor("q"), Tensor("k"), Tensor("v"), Flag("causal")],
+        "softmax(q k^T / sqrt(D)) v over [.., T, D] (PyTorch's scaled_dot_product_attention); `causal = true` hides later keys",
+        attention,
+    ),
+    row(
         "split_heads",
         &[Tensor("x"), Size("heads", true)],
         "[.., T, C] -> [.., heads, T, C / heads] (a reshape and a view); heads must divide C",

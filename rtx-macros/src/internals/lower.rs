@@ -1433,7 +1433,7 @@ impl<'a> Lowerer<'a> {
                 }
                 (Param::Axis(_, false) | Param::Axes(_, false), None) => Arg::Axes(None),
                 (Param::Flag(name), Some(k)) => {
-                    // PyTorch's keyword form too: `keepdim = true`.
+                    // PyTorch's keyword form too: `keepdim = true`; the bare name means true.
                     let value = match k {
                         syn::Expr::Assign(a) if a.left.to_token_stream().to_string() == name => {
                             &*a.right
@@ -1441,8 +1441,9 @@ impl<'a> Lowerer<'a> {
                         other => other,
                     };
                     match value.to_token_stream().to_string().as_str() {
-                        "keepdim" | "true" => Arg::Flag(true),
+                        "true" => Arg::Flag(true),
                         "false" => Arg::Flag(false),
+                        bare if bare == name => Arg::Flag(true),
                         _ => {
                             self.cx.error_spanned_by(
                                 k,
