@@ -1,7 +1,7 @@
 //! A character-level GPT (decoder-only transformer, GPT-2 layout with pre-norm blocks):
 //! token and learned position embeddings, `LAYERS` blocks of causal self-attention and an
 //! MLP, each behind a layer norm and a residual connection, a final layer norm and a linear
-//! head over the vocabulary. Parameter names are PyTorch's (`blocks.0.attn.qkv.weight`), so
+//! head over the vocabulary. Parameter names are PyTorch's (`blocks.0.attn.q.weight`), so
 //! `scripts/gpt_interop.py` builds the same model in PyTorch from the same names.
 
 use crate::corpus::VOCAB;
@@ -16,11 +16,14 @@ pub const LAYERS: usize = 4;
 /// Longest sequence the position table covers.
 pub const CONTEXT: usize = 64;
 
-/// Multi-head causal self-attention: one projection to queries, keys and values, attention
-/// per head, and an output projection.
+/// Multi-head causal self-attention: projections to queries, keys and values, attention per
+/// head, and an output projection. (Three projections rather than one `[128, 384]` with
+/// slices: the slices' gradients would be zero-padded to 384 columns and added.)
 #[model]
 pub struct SelfAttention {
-    qkv: Linear<128, 384>,
+    q: Linear<128, 128>,
+    k: Linear<128, 128>,
+    v: Linear<128, 128>,
     proj: Linear<128, 128>,
 }
 
@@ -28,10 +31,9 @@ pub struct SelfAttention {
 impl SelfAttention {
     graph! {
         fn forward<B, T>(&self, x: [B, T, 128]) -> [B, T, 128] {
-            let qkv = self.qkv(x);
-            let q = split_heads(narrow(qkv, 2, 0, 128), 4);
-            let k = split_heads(narrow(qkv, 2, 128, 128), 4);
-            let v = split_heads(narrow(qkv, 2, 256, 128), 4);
+            let q = split_heads(self.q(x), 4);
+            let k = split_heads(self.k(x), 4);
+            let v = split_heads(self.v(x), 4);
             self.proj(merge_heads(attention(q, k, v, causal = true)))
         }
     }

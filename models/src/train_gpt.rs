@@ -34,12 +34,12 @@ pub struct GptConfig {
 impl Default for GptConfig {
     fn default() -> GptConfig {
         GptConfig {
-            steps: 6000,
+            steps: 4500,
             max_seconds: None,
             batch: 32,
             lr: 1e-3,
             warmup: 100,
-            eval_every: 1000,
+            eval_every: 500,
             eval_batches: None,
             seed: 0,
             csv: None,

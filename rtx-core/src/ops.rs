@@ -180,6 +180,7 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         Op::Neg => unary(op, a(0), UnaryOp::Neg)?,
         Op::Relu => unary(op, a(0), UnaryOp::Relu)?,
         Op::Gelu => unary(op, a(0), UnaryOp::Gelu)?,
+        Op::GeluTanh => unary(op, a(0), UnaryOp::GeluTanh)?,
         Op::Tanh => unary(op, a(0), UnaryOp::Tanh)?,
         Op::Sin => unary(op, a(0), UnaryOp::Sin)?,
         Op::Cos => unary(op, a(0), UnaryOp::Cos)?,
@@ -213,6 +214,7 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         }
         Op::ReluGrad => binary(op, a(0), a(1), BinaryOp::ReluGrad)?,
         Op::GeluGrad => binary(op, a(0), a(1), BinaryOp::GeluGrad)?,
+        Op::GeluTanhGrad => binary(op, a(0), a(1), BinaryOp::GeluTanhGrad)?,
         Op::Sum { axes, keepdim } => reduce(op, a(0), ReduceOp::Sum, axes, *keepdim)?,
         Op::Mean { axes, keepdim } => reduce(op, a(0), ReduceOp::Mean, axes, *keepdim)?,
         Op::Max { axes, keepdim } => reduce(op, a(0), ReduceOp::Max, axes, *keepdim)?,

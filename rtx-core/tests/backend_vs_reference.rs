@@ -118,6 +118,7 @@ fn test_of(op: &Op) -> Option<&'static str> {
         | Op::Neg
         | Op::Relu
         | Op::Gelu
+        | Op::GeluTanh
         | Op::Tanh
         | Op::Sin
         | Op::Cos
@@ -146,7 +147,7 @@ fn test_of(op: &Op) -> Option<&'static str> {
         Op::Narrow { .. } => "narrow_matches_reference",
         Op::BroadcastTo => "broadcast_to_matches_reference",
         Op::SumTo => "sum_to_matches_reference",
-        Op::ReluGrad | Op::GeluGrad => "relu_grad_and_gelu_grad_match_reference",
+        Op::ReluGrad | Op::GeluGrad | Op::GeluTanhGrad => "relu_grad_and_gelu_grad_match_reference",
         Op::MeanGrad { .. } => "mean_grad_matches_reference",
         Op::MaxGrad { .. } => "max_grad_matches_reference",
         Op::PickGrad => "pick_grad_matches_reference",
@@ -215,6 +216,7 @@ fn unary_ops_match_reference() {
         Op::Neg,
         Op::Relu,
         Op::Gelu,
+        Op::GeluTanh,
         Op::Tanh,
         Op::Sin,
         Op::Cos,
@@ -964,9 +966,11 @@ fn relu_grad_and_gelu_grad_match_reference() {
     let g = rng.tensor(&[3, 6]);
     check(&Op::ReluGrad, &[&x, &g]);
     check(&Op::GeluGrad, &[&x, &g]);
+    check(&Op::GeluTanhGrad, &[&x, &g]);
     let gt = permuted(&rng.tensor(&[6, 3]), &[1, 0]);
     check(&Op::ReluGrad, &[&x, &gt]);
     check(&Op::GeluGrad, &[&x, &gt]);
+    check(&Op::GeluTanhGrad, &[&x, &gt]);
 }
 
 #[test]

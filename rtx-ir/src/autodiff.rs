@@ -155,6 +155,7 @@ fn vjp(
         // being stored for the backward pass (a matmul epilogue then writes one buffer, not two).
         Op::Relu => one(b.op(Op::ReluGrad, &[y, g]).map_err(e)?),
         Op::Gelu => one(b.op(Op::GeluGrad, &[x(0), g]).map_err(e)?),
+        Op::GeluTanh => one(b.op(Op::GeluTanhGrad, &[x(0), g]).map_err(e)?),
         // d tanh = 1 - y^2
         Op::Tanh => {
             let (c1, yy) = (b.c(1.0).map_err(e)?, b.mul(y, y).map_err(e)?);
@@ -390,6 +391,7 @@ fn vjp(
         Op::SumTo
         | Op::ReluGrad
         | Op::GeluGrad
+        | Op::GeluTanhGrad
         | Op::MeanGrad { .. }
         | Op::MaxGrad { .. }
         | Op::PickGrad

@@ -439,6 +439,7 @@ pub fn infer(
         | Op::Neg
         | Op::Relu
         | Op::Gelu
+        | Op::GeluTanh
         | Op::Tanh
         | Op::Sin
         | Op::Cos
@@ -735,7 +736,7 @@ pub fn infer(
             }
             f32_out(like.clone())
         }
-        Op::ReluGrad | Op::GeluGrad => {
+        Op::ReluGrad | Op::GeluGrad | Op::GeluTanhGrad => {
             need_grad_shape(1, sh(0).clone(), sh(1), d.name, u)?;
             f32_out(sh(0).clone())
         }

@@ -82,6 +82,9 @@ pub enum Op {
     Neg,
     Relu,
     Gelu,
+    /// GELU's tanh approximation, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
+    /// (PyTorch's `approximate='tanh'`, GPT-2's).
+    GeluTanh,
     Tanh,
     Sin,
     Cos,
@@ -191,6 +194,8 @@ pub enum Op {
     ReluGrad,
     /// `(x, g) -> g * gelu'(x)`.
     GeluGrad,
+    /// `(x, g) -> g * gelu_tanh'(x)`.
+    GeluTanhGrad,
     /// `(x_like, g) -> x-shaped`: g broadcast back over `axes` and divided by their count.
     MeanGrad {
         axes: Vec<usize>,
@@ -286,6 +291,7 @@ impl Op {
             Op::Neg => def("neg", 1, Elementwise, 1.0),
             Op::Relu => def("relu", 1, Elementwise, 1.0),
             Op::Gelu => def("gelu", 1, Elementwise, 20.0),
+            Op::GeluTanh => def("gelu_tanh", 1, Elementwise, 20.0),
             Op::Tanh => def("tanh", 1, Elementwise, 20.0),
             Op::Sin => def("sin", 1, Elementwise, 20.0),
             Op::Cos => def("cos", 1, Elementwise, 20.0),
@@ -323,6 +329,7 @@ impl Op {
             Op::SumTo => def("sum_to", 2, Reduction, 1.0),
             Op::ReluGrad => def("relu_grad", 2, Elementwise, 1.0),
             Op::GeluGrad => def("gelu_grad", 2, Elementwise, 30.0),
+            Op::GeluTanhGrad => def("gelu_tanh_grad", 2, Elementwise, 30.0),
             Op::MeanGrad { .. } => def("mean_grad", 2, Elementwise, 1.0),
             Op::MaxGrad { .. } => def("max_grad", 2, Reduction, 2.0),
             Op::PickGrad => def("pick_grad", 3, Other, 1.0),

@@ -297,6 +297,19 @@ fn gelu_grad(x: f64) -> f64 {
     phi_cdf(x) + x * phi_pdf(x)
 }
 
+/// sqrt(2 / pi), the tanh approximation's scale.
+const GELU_TANH_SCALE: f64 = 0.797_884_560_802_865_4;
+
+/// GELU's tanh approximation, PyTorch's `approximate='tanh'`.
+fn gelu_tanh(x: f64) -> f64 {
+    0.5 * x * (1.0 + (GELU_TANH_SCALE * (x + 0.044715 * x * x * x)).tanh())
+}
+
+fn gelu_tanh_grad(x: f64) -> f64 {
+    let t = (GELU_TANH_SCALE * (x + 0.044715 * x * x * x)).tanh();
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_TANH_SCALE * (1.0 + 3.0 * 0.044715 * x * x)
+}
+
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
@@ -1131,6 +1144,7 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         Op::Neg => Ok(unary(x(0), |v| -v)),
         Op::Relu => Ok(unary(x(0), relu)),
         Op::Gelu => Ok(unary(x(0), gelu)),
+        Op::GeluTanh => Ok(unary(x(0), gelu_tanh)),
         Op::Tanh => Ok(unary(x(0), f64::tanh)),
         Op::Sin => Ok(unary(x(0), f64::sin)),
         Op::Cos => Ok(unary(x(0), f64::cos)),
@@ -1263,6 +1277,7 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
             |v, g| if v > 0.0 { g } else { 0.0 },
         ),
         Op::GeluGrad => zip_same(x(0), x(1), "gelu_grad", |v, g| g * gelu_grad(v)),
+        Op::GeluTanhGrad => zip_same(x(0), x(1), "gelu_tanh_grad", |v, g| g * gelu_tanh_grad(v)),
         Op::MeanGrad { axes, keepdim } => {
             let red = Reduction::new(&x(0).shape, axes, *keepdim, "mean_grad")?;
             red.check_grad(x(1), "mean_grad")?;

@@ -39,6 +39,11 @@ fn gelu_gradient_matches_finite_differences() {
 }
 
 #[test]
+fn gelu_tanh_gradient_matches_finite_differences() {
+    unary_case(Op::GeluTanh, false)
+}
+
+#[test]
 fn tanh_gradient_matches_finite_differences() {
     unary_case(Op::Tanh, false)
 }

@@ -797,6 +797,7 @@ fn every_library_op_has_a_test_here() {
         "sin",
         "cos",
         "rope",
+        "attention",
         // Core ops Positions and ArgMax: reference_ops.rs, backend_vs_reference.rs, library_ops.rs (models).
         "argmax",
         "positions",

@@ -928,6 +928,7 @@ fn no_op_panics_on_arbitrary_arguments() {
         Op::Neg,
         Op::Relu,
         Op::Gelu,
+        Op::GeluTanh,
         Op::Tanh,
         Op::Sigmoid,
         Op::Exp,
@@ -982,6 +983,7 @@ fn no_op_panics_on_arbitrary_arguments() {
         Op::SumTo,
         Op::ReluGrad,
         Op::GeluGrad,
+        Op::GeluTanhGrad,
         Op::MeanGrad {
             axes: vec![1],
             keepdim: false,

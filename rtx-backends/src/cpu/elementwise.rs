@@ -12,6 +12,7 @@ pub enum UnaryOp {
     Relu,
     /// Exact erf form, PyTorch's default: `0.5 * x * (1 + erf(x / sqrt(2)))`.
     Gelu,
+    GeluTanh,
     Tanh,
     Sin,
     Cos,
@@ -33,6 +34,7 @@ pub fn unary(op: UnaryOp, x: &[f32], l: &Layout) -> KResult<Vec<f32>> {
         UnaryOp::Neg => map_strided(x, l, scalar::neg),
         UnaryOp::Relu => map_strided(x, l, scalar::relu),
         UnaryOp::Gelu => map_strided(x, l, scalar::gelu),
+        UnaryOp::GeluTanh => map_strided(x, l, scalar::gelu_tanh),
         UnaryOp::Tanh => map_strided(x, l, scalar::tanh),
         UnaryOp::Sin => map_strided(x, l, scalar::sin),
         UnaryOp::Cos => map_strided(x, l, scalar::cos),
@@ -56,6 +58,7 @@ pub enum BinaryOp {
     ReluGrad,
     /// `a` = x, `b` = upstream gradient: `b * d gelu(a) / da`.
     GeluGrad,
+    GeluTanhGrad,
     /// NaN-propagating, like PyTorch's `maximum`.
     Maximum,
     /// NaN-propagating, like PyTorch's `minimum`.
@@ -100,6 +103,7 @@ pub fn binary(
         BinaryOp::Div => zip_strided(a, &la, b, &lb, scalar::div),
         BinaryOp::ReluGrad => zip_strided(a, &la, b, &lb, scalar::relu_grad),
         BinaryOp::GeluGrad => zip_strided(a, &la, b, &lb, scalar::gelu_grad),
+        BinaryOp::GeluTanhGrad => zip_strided(a, &la, b, &lb, scalar::gelu_tanh_grad),
         BinaryOp::Maximum => zip_strided(a, &la, b, &lb, scalar::maximum),
         BinaryOp::Minimum => zip_strided(a, &la, b, &lb, scalar::minimum),
         BinaryOp::Gt => zip_strided(a, &la, b, &lb, scalar::gt),

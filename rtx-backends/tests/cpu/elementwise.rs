@@ -14,6 +14,10 @@ fn unary_reference(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::Neg => -x,
         UnaryOp::Relu => x.max(0.0),
         UnaryOp::Gelu => 0.5 * x * (1.0 + erf(x / 2f64.sqrt())),
+        UnaryOp::GeluTanh => {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+        }
         UnaryOp::Tanh => x.tanh(),
         UnaryOp::Sin => x.sin(),
         UnaryOp::Cos => x.cos(),
@@ -27,10 +31,11 @@ fn unary_reference(op: UnaryOp, x: f64) -> f64 {
     }
 }
 
-const UNARY_OPS: [UnaryOp; 14] = [
+const UNARY_OPS: [UnaryOp; 15] = [
     UnaryOp::Neg,
     UnaryOp::Relu,
     UnaryOp::Gelu,
+    UnaryOp::GeluTanh,
     UnaryOp::Tanh,
     UnaryOp::Sin,
     UnaryOp::Cos,
@@ -131,6 +136,11 @@ fn binary_reference(op: BinaryOp, a: f64, b: f64) -> f64 {
             let pdf = (-0.5 * a * a).exp() / (2.0 * std::f64::consts::PI).sqrt();
             b * (cdf + a * pdf)
         }
+        BinaryOp::GeluTanhGrad => {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            let t = (k * (a + 0.044715 * a * a * a)).tanh();
+            b * (0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * a * a))
+        }
         BinaryOp::Maximum => a.max(b),
         BinaryOp::Minimum => a.min(b),
         BinaryOp::Gt => f64::from(u8::from(a > b)),
@@ -168,13 +178,14 @@ fn binary_naive(
         .collect()
 }
 
-const BINARY_OPS: [BinaryOp; 14] = [
+const BINARY_OPS: [BinaryOp; 15] = [
     BinaryOp::Add,
     BinaryOp::Sub,
     BinaryOp::Mul,
     BinaryOp::Div,
     BinaryOp::ReluGrad,
     BinaryOp::GeluGrad,
+    BinaryOp::GeluTanhGrad,
     BinaryOp::Maximum,
     BinaryOp::Minimum,
     BinaryOp::Gt,

@@ -211,23 +211,6 @@ pub(super) fn rms_norm(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError>
     e.op(Op::Mul, &[normed, w])
 }
 
-pub(super) fn gelu_tanh(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError> {
-    let x = a.tensor(0)?;
-    let cube = e.op(Op::Mul, &[x, x])?;
-    let cube = e.op(Op::Mul, &[cube, x])?;
-    let k = e.constant(0.044715);
-    let scaled = e.op(Op::Mul, &[cube, k])?;
-    let inner = e.op(Op::Add, &[x, scaled])?;
-    let c = e.constant((2.0 / std::f64::consts::PI).sqrt());
-    let inner = e.op(Op::Mul, &[inner, c])?;
-    let t = e.op(Op::Tanh, &[inner])?;
-    let one = e.constant(1.0);
-    let t1 = e.op(Op::Add, &[t, one])?;
-    let half = e.constant(0.5);
-    let hx = e.op(Op::Mul, &[x, half])?;
-    e.op(Op::Mul, &[hx, t1])
-}
-
 /// `tril` (`lower`) or `triu` of x's last two axes, as PyTorch: positions compared through two
 /// `Iota`s, which broadcast against x, and x kept where the comparison holds.
 pub(super) fn triangle(e: &mut dyn Emit, a: &Args, lower: bool) -> Result<NodeId, ShapeError> {

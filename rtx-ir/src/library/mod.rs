@@ -101,8 +101,8 @@ pub const LIBRARY: &[LibraryOp] = &[
     row(
         "gelu_tanh",
         &[Tensor("x")],
-        "the tanh approximation of gelu, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (PyTorch's `approximate='tanh'`, GPT-2's)",
-        gelu_tanh,
+        "the tanh approximation of gelu, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (PyTorch's `approximate='tanh'`, GPT-2's); a core op, whose backward reads only x",
+        |e, a| e.op(Op::GeluTanh, &[a.tensor(0)?]),
     ),
     row("sin", &[Tensor("x")], "sine (radians)", |e, a| {
         e.op(Op::Sin, &[a.tensor(0)?])

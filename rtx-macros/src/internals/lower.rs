@@ -777,8 +777,26 @@ impl<'a> Lowerer<'a> {
                 );
                 let b = self.param(pname("bias"), access("bias"), vec![out.clone()]);
                 let wt = self.push(Op::Permute { perm: vec![1, 0] }, &[w], &callsite, e, &[])?;
-                let y = self.push(Op::MatMul, &[x, wt], &callsite, e, &[arg_tok[0], e])?;
-                self.push(Op::Add, &[y, b], &callsite, e, &[e, e])
+                // Leading axes are rows of one product (`[B, T, C]` as `[B*T, C]`, a view):
+                // one GEMM forward and one per gradient, where a batched product would make
+                // the weight gradient a `[B, OUT, IN]` stack summed afterwards.
+                let lead = &xs[..xs.len() - 1];
+                let flat = if lead.len() > 1 {
+                    let rows = lead.iter().fold(Dim::known(1), |acc, d| acc.mul(d));
+                    let shape = vec![rows, inp.clone()];
+                    self.push(Op::Reshape { shape }, &[x], &callsite, e, &[])?
+                } else {
+                    x
+                };
+                let y = self.push(Op::MatMul, &[flat, wt], &callsite, e, &[arg_tok[0], e])?;
+                let y = self.push(Op::Add, &[y, b], &callsite, e, &[e, e])?;
+                if lead.len() > 1 {
+                    let mut shape = lead.to_vec();
+                    shape.push(out.clone());
+                    self.push(Op::Reshape { shape }, &[y], &callsite, e, &[])
+                } else {
+                    Some(y)
+                }
             }
             FieldKind::Conv2d {
                 c_in,

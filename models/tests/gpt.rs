@@ -1,0 +1,126 @@
+//! The character-level GPT (`models::gpt`): PyTorch-style names, gradients against the float64
+//! reference of its own graph, training that lowers the loss and repeats bit for bit.
+
+mod common;
+
+use common::to_array;
+use models::corpus::Vocab;
+use models::gpt::Gpt;
+use models::train_gpt::{GptConfig, train_gpt_on};
+use rtx_core::ir::reference::{self, RefCtx};
+use rtx_core::prelude::*;
+use std::collections::HashMap;
+
+/// A small stream of ids from a fixed text, with the corpus' 84-character vocabulary size.
+fn tokens(len: usize) -> Vec<i64> {
+    let text = "ROMEO: But soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n";
+    let vocab = Vocab::of(text);
+    let ids = vocab.encode(text).unwrap();
+    ids.iter().cycle().take(len).copied().collect()
+}
+
+#[test]
+fn gpt_parameters_have_pytorch_names() {
+    let model = Gpt::init(0);
+
+    let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
+
+    // wte, wpe; per block ln1, q, k, v, proj, ln2, mlp.fc, mlp.proj; ln_f, head.
+    assert_eq!(names.len(), 2 + 4 * 16 + 4);
+    assert_eq!(names[0], "wte.weight");
+    assert!(names.contains(&"blocks.0.attn.q.weight".to_string()));
+    assert!(names.contains(&"blocks.3.mlp.proj.bias".to_string()));
+    assert_eq!(names.last().unwrap(), "head.bias");
+    assert_eq!(model.num_params(), 823_124);
+}
+
+#[test]
+fn gpt_gradients_match_the_f64_reference() {
+    let model = Gpt::init(1);
+    let ids = tokens(2 * 9);
+    let x: Vec<i64> = ids.chunks(9).flat_map(|c| c[..8].to_vec()).collect();
+    let y: Vec<i64> = ids.chunks(9).flat_map(|c| c[1..].to_vec()).collect();
+    let (x, y) = (
+        Tensor::from_i64(x, &[2, 8]).unwrap(),
+        Tensor::from_i64(y, &[2, 8]).unwrap(),
+    );
+
+    let (loss, grads) = model.loss_and_grads(&mut Ctx::eval(), &x, &y).unwrap();
+
+    let ir = Gpt::graph().unwrap();
+    let f = ir.function("loss").unwrap();
+    let params: HashMap<String, _> = model
+        .named_params()
+        .into_iter()
+        .map(|(n, t)| (n, to_array(&t)))
+        .collect();
+    let env = HashMap::new();
+    let ctx = RefCtx {
+        env: &env,
+        train: false,
+        seed: 0,
+    };
+    let values = reference::run(
+        &f.graph,
+        &[to_array(&x), to_array(&y)],
+        &|n| params.get(n).cloned(),
+        &ctx,
+    )
+    .unwrap();
+    let want = values[f.output].data[0];
+    assert!(
+        (f64::from(loss.item().unwrap()) - want).abs() < 1e-5 * want.abs(),
+        "loss {loss:?} vs {want}"
+    );
+    for g in &f.grads {
+        let rtx_core::ir::Op::Param { name, .. } = &f.graph.node(g.leaf).op else {
+            continue;
+        };
+        let want = &values[g.grad.expect("every parameter reaches the loss")].data;
+        let got = grads.get(name).unwrap().to_vec_f32().unwrap();
+        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-3);
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (f64::from(*a) - b).abs() <= 1e-3 * scale,
+                "{name}[{i}]: {a} vs {b} (scale {scale})"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_sequence_longer_than_the_context_is_an_error() {
+    let model = Gpt::init(0);
+    let x = Tensor::from_i64(vec![1; 65], &[1, 65]).unwrap();
+
+    let err = model.forward(&x).unwrap_err();
+
+    assert!(err.to_string().contains("64"), "{err}");
+}
+
+#[test]
+fn training_lowers_the_loss_and_repeats_bit_for_bit() {
+    let stream = tokens(4096);
+    let cfg = GptConfig {
+        steps: 12,
+        batch: 4,
+        lr: 3e-3,
+        warmup: 2,
+        eval_every: 6,
+        eval_batches: Some(2),
+        ..GptConfig::default()
+    };
+
+    let (_, first) = train_gpt_on(&cfg, &stream[..3500], &stream[3500..]).unwrap();
+    let (_, again) = train_gpt_on(&cfg, &stream[..3500], &stream[3500..]).unwrap();
+
+    let losses = |r: &models::train_gpt::GptReport| -> Vec<u32> {
+        r.curve
+            .iter()
+            .flat_map(|p| [p.train_loss.to_bits(), p.val_loss.unwrap().to_bits()])
+            .collect()
+    };
+    assert_eq!(losses(&first), losses(&again));
+    let (start, end) = (first.curve[0].val_loss.unwrap(), first.val_loss);
+    assert!(end < start && end < 3.5, "validation loss {start} -> {end}");
+}
