@@ -46,6 +46,7 @@ PLANS = {
     "cnn_step": (10, 300, 3000),
     "cnn_layer": (20, 500, 1500),
     "mlp_forward": (50, 2000, 2000),
+    "gpt_step": (3, 30, 6000),
     "elementwise_chain": (2, 20, 6000),
     "copy": (2, 30, 3000),
     256: (10, 200, 2000),
@@ -60,6 +61,7 @@ GROUPS = [
     ["mlp_step_64_128_10"],
     ["mlp_step_64_1024_1024_10"],
     ["mlp_forward"],
+    ["gpt_step"],
     ["cnn_step"],
     ["cnn_layer"],
     ["elementwise_chain", "copy"],
@@ -74,7 +76,7 @@ GEMM_SHAPES = [(256, 64, 128), (256, 128, 10), (256, 1024, 1024), (1024, 128, 51
 
 
 # Decimal places of each figure, as models/src/bench.rs prints them.
-DIGITS = {"median_us": 1, "min_us": 1, "gbps": 2, "gflops": 1, "ratio_to_copy": 3}
+DIGITS = {"median_us": 1, "min_us": 1, "gbps": 2, "gflops": 1, "ratio_to_copy": 3, "tokens_per_s": 0}
 
 
 def measure(plan, work):
@@ -239,6 +241,28 @@ class TorchPeer:
 
             out[("mlp_forward", f"batch={batch}")] = measure(PLANS["mlp_forward"], forward)
         return out
+
+    def gpt_step(self):
+        # models/src/gpt.rs via scripts/gpt_torch.py; as `models train --model gpt`: batch 32
+        # of 64 random ids, AdamW(1e-3, betas (0.9, 0.99), weight decay 0.1), clipping at 1.
+        torch = self.torch
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import gpt_torch
+
+        model = gpt_torch.Gpt().train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+        idx = torch.randint(0, gpt_torch.VOCAB, (32, gpt_torch.CONTEXT + 1))
+        x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            model.loss(x, y).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+
+        fields = measure(PLANS["gpt_step"], step)
+        fields["tokens_per_s"] = 32 * gpt_torch.CONTEXT / (fields["median_us"] * 1e-6)
+        return {("gpt_step", "batch=32"): fields}
 
     def cnn_step(self):
         # models/src/cnn.rs: conv-relu-pool, conv-relu-pool, flatten, dropout 0.25, linear.

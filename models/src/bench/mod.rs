@@ -15,7 +15,7 @@ use kernels::{cnn_layers, elementwise_chain, gemm, gemm_bf16, gemm_f16, gemm_sha
 use rtx_core::prelude::*;
 use std::fmt;
 use std::time::{Duration, Instant};
-use steps::{cnn_step, mlp_forward, mlp_step_small, mlp_step_wide};
+use steps::{cnn_step, gpt_step, mlp_forward, mlp_step_small, mlp_step_wide};
 
 /// How long to run one piece of work.
 #[derive(Clone, Copy, Debug)]
@@ -151,6 +151,10 @@ const GROUPS: &[Group] = &[
     Group {
         names: &["mlp_forward"],
         run: mlp_forward,
+    },
+    Group {
+        names: &["gpt_step"],
+        run: gpt_step,
     },
     Group {
         names: &["cnn_step"],

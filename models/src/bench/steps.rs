@@ -121,3 +121,46 @@ pub(super) fn mlp_forward() -> Result<()> {
     }
     Ok(())
 }
+
+/// One GPT training step (`models::gpt`, 4 layers, width 128, context 64) at batch 32 on
+/// random token ids: compiled forward and backward, gradient clipping at norm 1 and an AdamW
+/// update, as `models train --model gpt` runs it. Also prints tokens per second.
+pub(super) fn gpt_step() -> Result<()> {
+    use crate::gpt::{CONTEXT, Gpt};
+    use rtx_core::schedule::clip_grad_norm;
+    let plan = Plan::new(3, 30, 6_000);
+    let batch = 32;
+    let mut rng = Rng::new(3);
+    let ids: Vec<i64> = (0..batch * (CONTEXT + 1))
+        .map(|_| rng.below(crate::corpus::VOCAB) as i64)
+        .collect();
+    let x: Vec<i64> = ids
+        .chunks(CONTEXT + 1)
+        .flat_map(|w| w[..CONTEXT].to_vec())
+        .collect();
+    let y: Vec<i64> = ids
+        .chunks(CONTEXT + 1)
+        .flat_map(|w| w[1..].to_vec())
+        .collect();
+    let x = Tensor::from_i64(x, &[batch, CONTEXT])?;
+    let y = Tensor::from_i64(y, &[batch, CONTEXT])?;
+    let mut model = Gpt::init(0);
+    let mut opt = AdamW::new(1e-3).weight_decay(0.1).betas(0.9, 0.99);
+    let mut ctx = Ctx::train(0);
+    let timing = measure(plan, || {
+        let (loss, mut grads) = model.loss_and_grads(&mut ctx, &x, &y)?;
+        clip_grad_norm(&mut grads, 1.0)?;
+        opt.step(&mut model, &grads)?;
+        black_box(loss);
+        Ok(())
+    })?;
+    let tokens_per_s = (batch * CONTEXT) as f64 / (timing.median_us() * 1e-6);
+    println!(
+        "{}",
+        Line::new("gpt_step")
+            .field("batch", batch)
+            .timing(&timing)
+            .field("tokens_per_s", format!("{tokens_per_s:.0}"))
+    );
+    Ok(())
+}
