@@ -10,6 +10,7 @@ pub mod bench_models;
 pub mod cnn;
 pub mod corpus;
 pub mod data;
+pub mod generate;
 pub mod gpt;
 pub mod mlp;
 pub mod train;

@@ -6,7 +6,8 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use models::cnn::Cnn;
-use models::corpus::load_shakespeare;
+use models::corpus::{Vocab, load_shakespeare, shakespeare_text};
+use models::generate::{Sampling, generate};
 use models::gpt::{CONTEXT, Gpt};
 use models::mlp::Mlp;
 use models::train::{Classifier, TrainConfig, TrainReport, held_out_accuracy, train};
@@ -68,6 +69,24 @@ enum Command {
         model: Which,
         #[arg(long)]
         load: PathBuf,
+    },
+    /// Continue a prompt with a trained GPT (`train --model gpt --save gpt.safetensors`),
+    /// printing each character as it is drawn.
+    Generate {
+        #[arg(long)]
+        checkpoint: PathBuf,
+        #[arg(long, default_value = "ROMEO:")]
+        prompt: String,
+        #[arg(long, default_value_t = 500)]
+        max_tokens: usize,
+        #[arg(long, default_value_t = 0.8)]
+        temperature: f32,
+        #[arg(long)]
+        top_k: Option<usize>,
+        #[arg(long)]
+        top_p: Option<f32>,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
     },
     /// Print the graph IR the compiler built for a model (forward and backward nodes).
     Graph {
@@ -133,6 +152,21 @@ fn eval_gpt(path: &Path) -> Result<()> {
         "eval: model=gpt weights={} val_loss={loss:.4}",
         path.display()
     );
+    Ok(())
+}
+
+fn generate_text(path: &Path, prompt: &str, max_tokens: usize, s: &Sampling) -> Result<()> {
+    use std::io::Write;
+    let mut model = Gpt::init(0);
+    model.load_safetensors(path)?;
+    let vocab = Vocab::of(&shakespeare_text()?);
+    print!("{prompt}");
+    let mut stdout = std::io::stdout();
+    generate(&model, &vocab, prompt, max_tokens, s, |c| {
+        print!("{c}");
+        let _ = stdout.flush();
+    })?;
+    println!();
     Ok(())
 }
 
@@ -278,6 +312,25 @@ fn main() -> ExitCode {
             format,
         }) => Gpt::graph().and_then(|ir| print_graph(ir, format)),
         Some(Command::Bench { filter }) => models::bench::run(filter.as_deref()),
+        Some(Command::Generate {
+            checkpoint,
+            prompt,
+            max_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+        }) => generate_text(
+            &checkpoint,
+            &prompt,
+            max_tokens,
+            &Sampling {
+                temperature,
+                top_k,
+                top_p,
+                seed,
+            },
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

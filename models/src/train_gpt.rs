@@ -34,7 +34,7 @@ pub struct GptConfig {
 impl Default for GptConfig {
     fn default() -> GptConfig {
         GptConfig {
-            steps: 4500,
+            steps: 5500,
             max_seconds: None,
             batch: 32,
             lr: 1e-3,

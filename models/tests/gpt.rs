@@ -124,3 +124,31 @@ fn training_lowers_the_loss_and_repeats_bit_for_bit() {
     let (start, end) = (first.curve[0].val_loss.unwrap(), first.val_loss);
     assert!(end < start && end < 3.5, "validation loss {start} -> {end}");
 }
+
+#[test]
+fn generation_with_a_seed_repeats_and_streams_what_it_returns() {
+    use models::generate::{Sampling, generate};
+    let model = Gpt::init(2);
+    let vocab = Vocab::of(
+        "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ:.,;!?'\n-0123456789()[]{}&*/@_\"",
+    );
+    assert_eq!(vocab.len(), 84);
+    let s = Sampling {
+        temperature: 1.0,
+        top_k: Some(20),
+        top_p: Some(0.95),
+        seed: 7,
+    };
+    let mut streamed = String::new();
+
+    let first = generate(&model, &vocab, "ROMEO:", 70, &s, |c| streamed.push(c)).unwrap();
+    let again = generate(&model, &vocab, "ROMEO:", 70, &s, |_| {}).unwrap();
+
+    assert_eq!(
+        first.chars().count(),
+        70,
+        "past the 64-position context too"
+    );
+    assert_eq!(first, again);
+    assert_eq!(first, streamed);
+}
