@@ -1,7 +1,8 @@
 """The character-level GPT of models/src/gpt.rs in PyTorch, with the same parameter names
 (`blocks.0.attn.q.weight`, ...), layouts and formulas: pre-norm blocks, causal attention over
 4 heads of 32, GELU with the tanh approximation, LayerNorm eps 1e-5, a biased linear head.
-Used by scripts/bench_peers.py (the `gpt_step` benchmark)."""
+Used by scripts/bench_peers.py (the `gpt_step` benchmark) and scripts/gpt_interop.py (the
+fixtures of models/tests/gpt_interop.rs, at a tiny size)."""
 
 import torch
 import torch.nn as nn
@@ -11,18 +12,19 @@ VOCAB, WIDTH, HEADS, LAYERS, CONTEXT = 84, 128, 4, 4, 64
 
 
 class SelfAttention(nn.Module):
-    def __init__(self):
+    def __init__(self, width=WIDTH, heads=HEADS):
         super().__init__()
-        self.q = nn.Linear(WIDTH, WIDTH)
-        self.k = nn.Linear(WIDTH, WIDTH)
-        self.v = nn.Linear(WIDTH, WIDTH)
-        self.proj = nn.Linear(WIDTH, WIDTH)
+        self.heads = heads
+        self.q = nn.Linear(width, width)
+        self.k = nn.Linear(width, width)
+        self.v = nn.Linear(width, width)
+        self.proj = nn.Linear(width, width)
 
     def forward(self, x):
         b, t, c = x.shape
 
         def heads(y):
-            return y.view(b, t, HEADS, c // HEADS).transpose(1, 2)
+            return y.view(b, t, self.heads, c // self.heads).transpose(1, 2)
 
         y = F.scaled_dot_product_attention(
             heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), is_causal=True
@@ -31,22 +33,22 @@ class SelfAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self):
+    def __init__(self, width=WIDTH):
         super().__init__()
-        self.fc = nn.Linear(WIDTH, 4 * WIDTH)
-        self.proj = nn.Linear(4 * WIDTH, WIDTH)
+        self.fc = nn.Linear(width, 4 * width)
+        self.proj = nn.Linear(4 * width, width)
 
     def forward(self, x):
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, width=WIDTH, heads=HEADS):
         super().__init__()
-        self.ln1 = nn.LayerNorm(WIDTH)
-        self.attn = SelfAttention()
-        self.ln2 = nn.LayerNorm(WIDTH)
-        self.mlp = FeedForward()
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = SelfAttention(width, heads)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = FeedForward(width)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -54,13 +56,14 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self):
+    def __init__(self, vocab=VOCAB, width=WIDTH, heads=HEADS, layers=LAYERS, context=CONTEXT):
         super().__init__()
-        self.wte = nn.Embedding(VOCAB, WIDTH)
-        self.wpe = nn.Embedding(CONTEXT, WIDTH)
-        self.blocks = nn.ModuleList([Block() for _ in range(LAYERS)])
-        self.ln_f = nn.LayerNorm(WIDTH)
-        self.head = nn.Linear(WIDTH, VOCAB)
+        self.vocab = vocab
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList([Block(width, heads) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
 
     def forward(self, idx):
         t = idx.shape[1]
@@ -71,4 +74,4 @@ class Gpt(nn.Module):
 
     def loss(self, idx, targets):
         logits = self.forward(idx)
-        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+        return F.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))

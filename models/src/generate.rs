@@ -4,7 +4,7 @@
 //! over the last `CONTEXT` characters (no key/value cache yet: at 64 positions a step is a
 //! few milliseconds).
 
-use crate::corpus::Vocab;
+use crate::corpus::{VOCAB, Vocab};
 use crate::gpt::{CONTEXT, Gpt};
 use rtx_core::prelude::*;
 
@@ -56,8 +56,11 @@ impl Sampling {
     }
 }
 
-/// The index drawn from `logits` under `s`, using `rng`.
+/// The index drawn from `logits` under `s`, using `rng` (0 for an empty slice).
 pub fn sample(logits: &[f32], s: &Sampling, rng: &mut Rng) -> usize {
+    if logits.is_empty() {
+        return 0;
+    }
     let mut order: Vec<usize> = (0..logits.len()).collect();
     // Most likely first; ties by index, so the order is the same on every machine.
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
@@ -107,6 +110,12 @@ pub fn generate(
     mut emit: impl FnMut(char),
 ) -> Result<String> {
     s.validate()?;
+    if vocab.len() != VOCAB {
+        return Err(RtxError::Invalid(format!(
+            "the GPT predicts {VOCAB} characters, the vocabulary has {}",
+            vocab.len()
+        )));
+    }
     let mut ids = vocab.encode(prompt)?;
     if ids.is_empty() {
         return Err(RtxError::Invalid(
@@ -119,7 +128,7 @@ pub fn generate(
         let window = &ids[ids.len().saturating_sub(CONTEXT)..];
         let x = Tensor::from_i64(window.to_vec(), &[1, window.len()])?;
         let logits = model.forward(&x)?.to_vec_f32()?;
-        let last = &logits[logits.len() - vocab.len()..];
+        let last = &logits[logits.len().saturating_sub(VOCAB)..];
         let id = sample(last, s, &mut rng) as i64;
         ids.push(id);
         let c = vocab.char(id).ok_or_else(|| {
@@ -189,6 +198,11 @@ mod tests {
 
         // P(1) = 3/4.
         assert!((2850..3150).contains(&ones), "{ones} of 4000");
+    }
+
+    #[test]
+    fn an_empty_slice_draws_index_zero() {
+        assert_eq!(sample(&[], &Sampling::default(), &mut Rng::new(0)), 0);
     }
 
     #[test]
