@@ -1,4 +1,9 @@
 //! The parsed model: the struct's fields as layers, and the graph functions of `graph!`.
+//!
+// One file on purpose: it is serde_derive's `ast.rs`, the parsed form of the two items a
+// model is made of (field kinds with their dimension expressions, graph signatures), and the
+// parsing of both shares the dimension readers (`dim_from_expr`); the layer-typo heuristic
+// and the `where` rewrite are its two helpers. Lowering and checks live in `lower.rs`.
 
 use super::ctxt::Ctxt;
 use proc_macro2::TokenStream;
