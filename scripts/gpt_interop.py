@@ -59,13 +59,18 @@ def fixtures():
 
 def check_rtx_checkpoint(path):
     model = gpt_torch.Gpt()
-    model.load_state_dict(load_file(path), strict=True)
+    # A training checkpoint (`train --checkpoint`) also holds the optimizer's state under
+    # `optimizer.`; the model's own tensors are the rest.
+    tensors = load_file(path)
+    weights = {n: t for n, t in tensors.items() if not n.startswith("optimizer.")}
+    model.load_state_dict(weights, strict=True)
     ids = torch.randint(0, gpt_torch.VOCAB, (4, gpt_torch.CONTEXT + 1),
                         generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         loss = model.loss(ids[:, :-1], ids[:, 1:])
     print(f"{path}: loaded into PyTorch with strict=True "
-          f"({sum(p.numel() for p in model.parameters())} parameters); "
+          f"({sum(p.numel() for p in model.parameters())} parameters, "
+          f"{len(tensors) - len(weights)} optimizer tensors set aside); "
           f"loss on random ids {loss.item():.4f}")
 
 

@@ -62,6 +62,20 @@ enum Command {
         /// gpt: write the loss curve (step, seconds, train and validation loss) here.
         #[arg(long, default_value = "gpt_loss.csv")]
         csv: PathBuf,
+        /// gpt: save a training checkpoint here (weights, optimizer state, step, RNG state,
+        /// data position) every --checkpoint-every steps and at the end.
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// gpt: steps between training checkpoints.
+        #[arg(long, default_value_t = 500)]
+        checkpoint_every: usize,
+        /// gpt: continue the run saved in this training checkpoint (same settings); it
+        /// takes exactly the steps the uninterrupted run would have taken.
+        #[arg(long)]
+        resume: Option<PathBuf>,
+        /// gpt: stop after this step (the schedule still spans --steps); resume later.
+        #[arg(long)]
+        stop_after: Option<usize>,
     },
     /// Load weights from a safetensors file and report held-out accuracy.
     Eval {
@@ -160,13 +174,14 @@ fn generate_text(path: &Path, prompt: &str, max_tokens: usize, s: &Sampling) -> 
     let mut model = Gpt::init(0);
     model.load_safetensors(path)?;
     let vocab = Vocab::of(&shakespeare_text()?);
-    print!("{prompt}");
+    // Written without `print!`, which panics when stdout is closed early (`| head`).
     let mut stdout = std::io::stdout();
+    let _ = write!(stdout, "{prompt}");
     generate(&model, &vocab, prompt, max_tokens, s, |c| {
-        print!("{c}");
+        let _ = write!(stdout, "{c}");
         let _ = stdout.flush();
     })?;
-    println!();
+    let _ = writeln!(stdout);
     Ok(())
 }
 
@@ -184,6 +199,9 @@ fn train_gpt_and_report(cfg: &GptConfig, save: Option<PathBuf>) -> Result<()> {
         "training gpt on the embedded Shakespeare corpus (seed {}, {} steps, batch {})",
         cfg.seed, cfg.steps, cfg.batch
     );
+    if let Some(path) = &cfg.resume {
+        println!("resuming from {}", path.display());
+    }
     let (model, r) = train_gpt(cfg)?;
     println!("parameters: {}", model.num_params());
     for p in &r.curve {
@@ -197,6 +215,9 @@ fn train_gpt_and_report(cfg: &GptConfig, save: Option<PathBuf>) -> Result<()> {
     }
     if let Some(path) = &cfg.csv {
         println!("loss curve: {}", path.display());
+    }
+    if let Some(path) = &cfg.checkpoint {
+        println!("training checkpoint (step {}): {}", r.steps, path.display());
     }
     if let Some(path) = save {
         model.save_safetensors(&path)?;
@@ -252,6 +273,10 @@ fn main() -> ExitCode {
             eval_every,
             eval_batches,
             csv,
+            checkpoint,
+            checkpoint_every,
+            resume,
+            stop_after,
             ..
         }) => {
             let d = GptConfig::default();
@@ -266,6 +291,10 @@ fn main() -> ExitCode {
                     seed,
                     csv: Some(csv),
                     progress: true,
+                    checkpoint,
+                    checkpoint_every: checkpoint_every.max(1),
+                    resume,
+                    stop_after,
                     ..d
                 },
                 save,

@@ -1,12 +1,14 @@
 //! The training loop behind `models train --model gpt`: next-character batches from the
 //! embedded Shakespeare corpus, AdamW with warm-up and cosine decay, gradient clipping,
-//! validation loss over the whole validation split, a loss curve as CSV.
+//! validation loss over the whole validation split, a loss curve as CSV, and training
+//! checkpoints from which a stopped run continues bit-identically (`rtx_core::resume`).
 
 use crate::corpus::{Corpus, load_shakespeare};
 use crate::gpt::{CONTEXT, Gpt};
 use indicatif::{ProgressBar, ProgressStyle};
 use rtx_core::batches::TokenBatches;
 use rtx_core::prelude::*;
+use rtx_core::resume::{TrainingMeta, load_training, save_training};
 use rtx_core::schedule::{Schedule, WarmupCosine, clip_grad_norm};
 use std::io::Write;
 use std::path::PathBuf;
@@ -26,9 +28,18 @@ pub struct GptConfig {
     /// Validation batches per evaluation; `None` is the whole validation split.
     pub eval_batches: Option<usize>,
     pub seed: u64,
-    /// Write `step,seconds,train_loss,val_loss` rows here.
+    /// Write `step,seconds,train_loss,val_loss` rows here (appended to when resuming).
     pub csv: Option<PathBuf>,
     pub progress: bool,
+    /// Save a training checkpoint (weights, optimizer state, step, RNG state, data position)
+    /// here every `checkpoint_every` steps and when training stops.
+    pub checkpoint: Option<PathBuf>,
+    pub checkpoint_every: usize,
+    /// Continue the run saved in this training checkpoint; the configuration must match
+    /// the one it was saved with (the schedule and the data order depend on it).
+    pub resume: Option<PathBuf>,
+    /// Stop after this step, as if interrupted (the schedule still spans `steps`).
+    pub stop_after: Option<usize>,
 }
 
 impl Default for GptConfig {
@@ -44,6 +55,10 @@ impl Default for GptConfig {
             seed: 0,
             csv: None,
             progress: false,
+            checkpoint: None,
+            checkpoint_every: 500,
+            resume: None,
+            stop_after: None,
         }
     }
 }
@@ -65,9 +80,11 @@ pub struct GptReport {
     pub val_loss: f32,
     /// Training tokens per second (evaluation excluded).
     pub tokens_per_s: f64,
-    /// Training seconds (evaluation excluded).
+    /// Training seconds (evaluation excluded), including those before a resume.
     pub seconds: f64,
     pub curve: Vec<CurvePoint>,
+    /// The training loss of every step this run took (after a resume, from there on).
+    pub losses: Vec<f32>,
 }
 
 /// Mean loss over `batches` (each weighted by its size).
@@ -87,6 +104,76 @@ pub fn train_gpt(cfg: &GptConfig) -> Result<(Gpt, GptReport)> {
         train, validation, ..
     } = load_shakespeare()?;
     train_gpt_on(cfg, &train, &validation)
+}
+
+/// Where a run stands between two steps: what a training checkpoint adds to the weights and
+/// the optimizer state so that a resumed run takes exactly the steps it would have taken.
+#[derive(Clone, Debug, Default)]
+struct Progress {
+    step: usize,
+    /// Epochs whose shuffled order has been drawn; the current one is `epoch - 1`.
+    epoch: u64,
+    /// Batches of the current epoch already trained on.
+    position: usize,
+    /// The dropout seed stream of `Ctx`.
+    rng: u64,
+    seconds: f64,
+    tokens: usize,
+    window_loss: f64,
+    window_steps: usize,
+    val_loss: f32,
+}
+
+impl Progress {
+    fn to_meta(&self, cfg: &GptConfig) -> TrainingMeta {
+        let mut m = TrainingMeta::new();
+        m.set("step", self.step)
+            .set("epoch", self.epoch)
+            .set("position", self.position)
+            .set("rng", self.rng)
+            .set("seconds", self.seconds)
+            .set("tokens", self.tokens)
+            .set("window_loss", self.window_loss)
+            .set("window_steps", self.window_steps)
+            .set("val_loss", self.val_loss)
+            .set("config.steps", cfg.steps)
+            .set("config.batch", cfg.batch)
+            .set("config.lr", cfg.lr)
+            .set("config.warmup", cfg.warmup)
+            .set("config.seed", cfg.seed)
+            .set("config.context", CONTEXT);
+        m
+    }
+
+    /// The progress saved in `m`, after checking that `cfg` is the configuration it ran with.
+    fn from_meta(m: &TrainingMeta, cfg: &GptConfig) -> Result<Progress> {
+        let same = |key: &str, flag: &str, now: String| -> Result<()> {
+            let saved = m.raw(key).unwrap_or("(none)");
+            if saved != now {
+                return Err(RtxError::Invalid(format!(
+                    "cannot resume: the checkpoint's run used {flag} {saved}, this one {now}; resume with the same settings (the schedule and the data order depend on them)"
+                )));
+            }
+            Ok(())
+        };
+        same("config.steps", "--steps", cfg.steps.to_string())?;
+        same("config.batch", "--batch", cfg.batch.to_string())?;
+        same("config.lr", "--lr", cfg.lr.to_string())?;
+        same("config.warmup", "warm-up", cfg.warmup.to_string())?;
+        same("config.seed", "--seed", cfg.seed.to_string())?;
+        same("config.context", "context", CONTEXT.to_string())?;
+        Ok(Progress {
+            step: m.get("step")?,
+            epoch: m.get("epoch")?,
+            position: m.get("position")?,
+            rng: m.get("rng")?,
+            seconds: m.get("seconds")?,
+            tokens: m.get("tokens")?,
+            window_loss: m.get("window_loss")?,
+            window_steps: m.get("window_steps")?,
+            val_loss: m.get("val_loss")?,
+        })
+    }
 }
 
 /// Trains on the given token streams (tests pass small ones).
@@ -109,6 +196,22 @@ pub fn train_gpt_on(
         steps: cfg.steps,
     };
     let mut ctx = Ctx::train(cfg.seed);
+    let mut at = Progress {
+        rng: ctx.rng_state(),
+        val_loss: f32::NAN,
+        ..Progress::default()
+    };
+    let mut epoch_batches = Vec::new().into_iter();
+    if let Some(path) = &cfg.resume {
+        let meta = load_training(path, &mut model, &mut opt)?;
+        at = Progress::from_meta(&meta, cfg)?;
+        ctx.set_rng_state(at.rng);
+        if at.epoch > 0 {
+            let mut batches = train_batches.shuffled(cfg.seed ^ (at.epoch - 1))?;
+            batches.drain(..at.position.min(batches.len()));
+            epoch_batches = batches.into_iter();
+        }
+    }
     let bar = if cfg.progress {
         let b = ProgressBar::new(cfg.steps as u64);
         if let Ok(style) = ProgressStyle::with_template(
@@ -116,77 +219,86 @@ pub fn train_gpt_on(
         ) {
             b.set_style(style);
         }
+        b.set_position(at.step as u64);
         b
     } else {
         ProgressBar::hidden()
     };
     let mut csv = match &cfg.csv {
-        Some(path) => {
-            let mut f = std::fs::File::create(path)
-                .map_err(|e| RtxError::Invalid(format!("cannot write {}: {e}", path.display())))?;
-            writeln!(f, "step,seconds,train_loss,val_loss").map_err(io_error)?;
-            Some(f)
-        }
+        Some(path) => Some(open_curve(path, cfg.resume.is_some())?),
         None => None,
     };
+    let save = |model: &Gpt, opt: &AdamW, at: &Progress| -> Result<()> {
+        match &cfg.checkpoint {
+            Some(path) => save_training(path, model, opt, &at.to_meta(cfg)),
+            None => Ok(()),
+        }
+    };
     let mut curve = Vec::new();
-    let (mut seconds, mut tokens) = (0.0f64, 0usize);
-    let (mut window_loss, mut window_steps) = (0.0f64, 0usize);
-    let mut epoch = 0u64;
-    let mut epoch_batches = Vec::new().into_iter();
-    let mut step = 0;
-    let mut val_loss = f32::NAN;
-    while step < cfg.steps {
+    let mut losses = Vec::new();
+    let last = cfg.stop_after.map_or(cfg.steps, |s| s.min(cfg.steps));
+    while at.step < last {
         let started = Instant::now();
         let (x, y) = match epoch_batches.next() {
             Some(b) => b,
             None => {
-                epoch_batches = train_batches.shuffled(cfg.seed ^ epoch)?.into_iter();
-                epoch += 1;
+                epoch_batches = train_batches.shuffled(cfg.seed ^ at.epoch)?.into_iter();
+                at.epoch += 1;
+                at.position = 0;
                 continue;
             }
         };
-        opt.set_lr(schedule.lr(step));
+        at.position += 1;
+        opt.set_lr(schedule.lr(at.step));
         let (loss, mut grads) = model.loss_and_grads(&mut ctx, &x, &y)?;
         clip_grad_norm(&mut grads, 1.0)?;
         opt.step(&mut model, &grads)?;
         let loss = loss.item()?;
         if !loss.is_finite() {
             return Err(RtxError::Invalid(format!(
-                "the training loss is {loss} at step {step}: lower the learning rate"
+                "the training loss is {loss} at step {}: lower the learning rate",
+                at.step
             )));
         }
-        seconds += started.elapsed().as_secs_f64();
-        tokens += x.numel();
-        window_loss += loss as f64;
-        window_steps += 1;
-        step += 1;
+        at.seconds += started.elapsed().as_secs_f64();
+        at.tokens += x.numel();
+        at.window_loss += loss as f64;
+        at.window_steps += 1;
+        at.step += 1;
+        at.rng = ctx.rng_state();
+        losses.push(loss);
         bar.inc(1);
-        let out_of_time = cfg.max_seconds.is_some_and(|s| seconds >= s);
-        if step % cfg.eval_every == 0 || step == cfg.steps || out_of_time {
-            val_loss = mean_loss(&model, &val_batches)?;
+        let out_of_time = cfg.max_seconds.is_some_and(|s| at.seconds >= s);
+        let finished = at.step == cfg.steps || out_of_time;
+        // A stop before the end (`stop_after`) evaluates nothing, so the resumed run's curve
+        // is the uninterrupted one's.
+        if at.step.is_multiple_of(cfg.eval_every.max(1)) || finished {
+            at.val_loss = mean_loss(&model, &val_batches)?;
             let point = CurvePoint {
-                step,
-                seconds,
-                train_loss: (window_loss / window_steps.max(1) as f64) as f32,
-                val_loss: Some(val_loss),
+                step: at.step,
+                seconds: at.seconds,
+                train_loss: (at.window_loss / at.window_steps.max(1) as f64) as f32,
+                val_loss: Some(at.val_loss),
             };
-            (window_loss, window_steps) = (0.0, 0);
+            (at.window_loss, at.window_steps) = (0.0, 0);
             bar.set_message(format!(
                 "train {:.3} val {:.3} {:.0} tok/s",
                 point.train_loss,
-                val_loss,
-                tokens as f64 / seconds.max(1e-9)
+                at.val_loss,
+                at.tokens as f64 / at.seconds.max(1e-9)
             ));
             if let Some(f) = csv.as_mut() {
                 writeln!(
                     f,
                     "{},{:.3},{:.5},{:.5}",
-                    point.step, point.seconds, point.train_loss, val_loss
+                    point.step, point.seconds, point.train_loss, at.val_loss
                 )
                 .map_err(io_error)?;
             }
             curve.push(point);
+        }
+        if at.step.is_multiple_of(cfg.checkpoint_every.max(1)) || finished || at.step == last {
+            save(&model, &opt, &at)?;
         }
         if out_of_time {
             break;
@@ -194,13 +306,30 @@ pub fn train_gpt_on(
     }
     bar.finish_and_clear();
     let report = GptReport {
-        steps: step,
-        val_loss,
-        tokens_per_s: tokens as f64 / seconds.max(1e-9),
-        seconds,
+        steps: at.step,
+        val_loss: at.val_loss,
+        tokens_per_s: at.tokens as f64 / at.seconds.max(1e-9),
+        seconds: at.seconds,
         curve,
+        losses,
     };
     Ok((model, report))
+}
+
+/// The loss-curve CSV: a new file with its header, or, when resuming, the existing one to
+/// append to.
+fn open_curve(path: &std::path::Path, resuming: bool) -> Result<std::fs::File> {
+    let cannot =
+        |e: std::io::Error| RtxError::Invalid(format!("cannot write {}: {e}", path.display()));
+    if resuming && path.exists() {
+        return std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(cannot);
+    }
+    let mut f = std::fs::File::create(path).map_err(cannot)?;
+    writeln!(f, "step,seconds,train_loss,val_loss").map_err(io_error)?;
+    Ok(f)
 }
 
 fn io_error(e: std::io::Error) -> RtxError {

@@ -152,3 +152,91 @@ fn generation_with_a_seed_repeats_and_streams_what_it_returns() {
     assert_eq!(first, again);
     assert_eq!(first, streamed);
 }
+
+#[test]
+fn a_resumed_run_takes_the_steps_of_the_uninterrupted_one_bit_for_bit() {
+    // 3500 training tokens hold 54 windows: 14 batches of 4 per epoch, so the resumed part
+    // crosses into the second epoch's shuffled order.
+    let stream = tokens(4096);
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("gpt-resume");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let checkpoint = dir.join("train.safetensors");
+    let cfg = GptConfig {
+        steps: 18,
+        batch: 4,
+        lr: 3e-3,
+        warmup: 2,
+        eval_every: 6,
+        eval_batches: Some(1),
+        ..GptConfig::default()
+    };
+    let (train, validation) = (&stream[..3500], &stream[3500..]);
+    let (whole_model, whole) = train_gpt_on(&cfg, train, validation).unwrap();
+
+    let stopped = GptConfig {
+        checkpoint: Some(checkpoint.clone()),
+        stop_after: Some(7),
+        ..cfg.clone()
+    };
+    let (_, first) = train_gpt_on(&stopped, train, validation).unwrap();
+    let resumed = GptConfig {
+        resume: Some(checkpoint.clone()),
+        ..cfg.clone()
+    };
+    let (resumed_model, rest) = train_gpt_on(&resumed, train, validation).unwrap();
+
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(first.losses.len(), 7);
+    let joined: Vec<f32> = first.losses.iter().chain(&rest.losses).copied().collect();
+    assert_eq!(
+        bits(&joined),
+        bits(&whole.losses),
+        "per-step training losses"
+    );
+    assert_eq!(rest.val_loss.to_bits(), whole.val_loss.to_bits());
+    for ((name, a), (_, b)) in whole_model
+        .named_params()
+        .iter()
+        .zip(resumed_model.named_params().iter())
+    {
+        assert_eq!(
+            bits(&a.to_vec_f32().unwrap()),
+            bits(&b.to_vec_f32().unwrap()),
+            "parameter {name}"
+        );
+    }
+}
+
+#[test]
+fn resuming_with_other_settings_is_refused_naming_the_setting() {
+    let stream = tokens(4096);
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("gpt-resume-settings");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let checkpoint = dir.join("train.safetensors");
+    let cfg = GptConfig {
+        steps: 4,
+        batch: 4,
+        warmup: 1,
+        eval_batches: Some(1),
+        checkpoint: Some(checkpoint.clone()),
+        stop_after: Some(1),
+        ..GptConfig::default()
+    };
+    train_gpt_on(&cfg, &stream[..3500], &stream[3500..]).unwrap();
+
+    let other = GptConfig {
+        batch: 8,
+        resume: Some(checkpoint),
+        checkpoint: None,
+        stop_after: None,
+        ..cfg
+    };
+    let Err(err) = train_gpt_on(&other, &stream[..3500], &stream[3500..]) else {
+        panic!("resuming with another batch size was accepted");
+    };
+    let err = err.to_string();
+
+    assert!(err.contains("--batch 4") && err.contains("8"), "{err}");
+}

@@ -42,6 +42,16 @@ impl Ctx {
         self.fuse
     }
 
+    /// Where the dropout seed stream stands (saved by training checkpoints).
+    pub fn rng_state(&self) -> u64 {
+        self.rng.state()
+    }
+
+    /// Continues the dropout seed stream from a saved `rng_state`.
+    pub fn set_rng_state(&mut self, state: u64) {
+        self.rng = Rng::new(state);
+    }
+
     /// The seed of the next dropout mask.
     pub fn next_seed(&mut self) -> u64 {
         self.rng.next_u64()

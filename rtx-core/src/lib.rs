@@ -4,7 +4,8 @@
 //! `rtx-backends` (kernels) and `rtx-macros` (`#[model]`, `graph!`), and re-exports all three:
 //! `use rtx_core::prelude::*` is the whole import. It holds `Tensor`, the single op dispatch
 //! (`ops::run_op`) that compiled models and the IR executor share, layers and their
-//! initialization, optimizers, checkpoints (safetensors) and `RtxError`.
+//! initialization, optimizers, checkpoints (safetensors; `resume.rs` for training state) and
+//! `RtxError`.
 
 extern crate self as rtx_core;
 
@@ -22,6 +23,7 @@ pub mod module;
 pub mod ops;
 pub mod optim;
 pub mod parallel;
+pub mod resume;
 pub mod rng;
 pub mod schedule;
 pub mod tensor;

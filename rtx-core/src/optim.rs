@@ -18,12 +18,23 @@ use std::borrow::Cow;
 pub trait Optimizer {
     /// Updates every parameter that has a gradient in `grads`; others are left alone.
     fn step<M: Module>(&mut self, model: &mut M, grads: &Grads) -> Result<()>;
+
+    /// The per-parameter state, as tensors named `{param}.{buffer}` with PyTorch's buffer
+    /// names (`exp_avg`, `exp_avg_sq`, `momentum_buffer`) in the parameter's shape, and
+    /// `{param}.step` (an i64 scalar), for training checkpoints.
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>>;
+
+    /// Replaces the state with what `state_tensors` returned (all or nothing: a missing or
+    /// malformed tensor is an error and leaves the state as it was). Hyperparameters are not
+    /// part of the state; the caller builds the optimizer with the same ones.
+    fn load_state_tensors(&mut self, tensors: &[(String, Tensor)]) -> Result<()>;
 }
 
 /// One parameter's optimizer state: up to two buffers of its size and a step count.
 #[derive(Clone, Debug)]
 struct ParamState {
     name: String,
+    shape: Vec<usize>,
     first: Vec<f32>,
     second: Vec<f32>,
     steps: i32,
@@ -34,19 +45,115 @@ struct ParamState {
 struct States(Vec<ParamState>);
 
 impl States {
-    /// Makes entry `index` the state of `name` (`buffers` of `len` zeros for a new one).
-    fn align(&mut self, index: usize, name: &str, len: usize, buffers: usize) {
-        if self.0.get(index).is_some_and(|s| s.name == name) {
-            return;
+    /// Every parameter's buffers (`buffer_names`, for the buffers the optimizer keeps) and
+    /// step count as named tensors.
+    fn to_tensors(&self, buffer_names: [&str; 2]) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        for s in &self.0 {
+            for (buffer, values) in buffer_names.iter().zip([&s.first, &s.second]) {
+                if !values.is_empty() {
+                    out.push((
+                        format!("{}.{buffer}", s.name),
+                        Tensor::from_vec(values.clone(), &s.shape)?,
+                    ));
+                }
+            }
+            out.push((
+                format!("{}.step", s.name),
+                Tensor::from_i64(vec![i64::from(s.steps)], &[])?,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// The state `to_tensors` wrote: one parameter per `{param}.step` tensor, with
+    /// `buffers` of `buffer_names` each.
+    fn from_tensors(
+        tensors: &[(String, Tensor)],
+        buffer_names: [&str; 2],
+        buffers: usize,
+    ) -> Result<States> {
+        let find = |name: &str| tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t);
+        let bad = |message: String| RtxError::Invalid(format!("optimizer state: {message}"));
+        let mut states = Vec::new();
+        for (name, t) in tensors {
+            let Some(param) = name.strip_suffix(".step") else {
+                continue;
+            };
+            let steps = match t.to_vec_i64().ok().as_deref() {
+                Some([s]) => i32::try_from(*s)
+                    .ok()
+                    .filter(|s| *s >= 0)
+                    .ok_or_else(|| bad(format!("`{name}` is {s}, not a step count")))?,
+                _ => {
+                    return Err(bad(format!(
+                        "`{name}` should be one i64 step count, found {:?} {:?}",
+                        t.dtype(),
+                        t.shape()
+                    )));
+                }
+            };
+            let mut bufs = [Vec::new(), Vec::new()];
+            let mut shape = Vec::new();
+            for (slot, buffer) in bufs.iter_mut().zip(buffer_names).take(buffers) {
+                let key = format!("{param}.{buffer}");
+                let b = find(&key).ok_or_else(|| bad(format!("missing `{key}`")))?;
+                if !shape.is_empty() && b.shape() != shape.as_slice() {
+                    return Err(bad(format!(
+                        "`{key}` has shape {}, its other buffer {}",
+                        fmt_dims(b.shape()),
+                        fmt_dims(&shape)
+                    )));
+                }
+                shape = b.shape().to_vec();
+                *slot = b.to_vec_f32()?;
+            }
+            let [first, second] = bufs;
+            states.push(ParamState {
+                name: param.to_string(),
+                shape,
+                first,
+                second,
+                steps,
+            });
+        }
+        Ok(States(states))
+    }
+
+    /// Makes entry `index` the state of `name` (`buffers` of zeros in `shape` for a new
+    /// one). A state loaded from a checkpoint that does not fit the parameter is an error.
+    fn align(&mut self, index: usize, name: &str, shape: &[usize], buffers: usize) -> Result<()> {
+        let len = shape.iter().product();
+        let fits = |s: &ParamState| {
+            s.first.len() == if buffers >= 1 { len } else { 0 }
+                && s.second.len() == if buffers >= 2 { len } else { 0 }
+                && (buffers == 0 || s.shape == shape)
+        };
+        let misfit = |s: &ParamState| RtxError::ShapeMismatch {
+            context: format!("optimizer state of `{name}`"),
+            expected: format!("{buffers} buffer(s) of shape {}", fmt_dims(shape)),
+            found: format!(
+                "buffers of {} and {} values, shape {}",
+                s.first.len(),
+                s.second.len(),
+                fmt_dims(&s.shape)
+            ),
+        };
+        if let Some(s) = self.0.get(index).filter(|s| s.name == name) {
+            return if fits(s) { Ok(()) } else { Err(misfit(s)) };
         }
         match self.0.iter().position(|s| s.name == name) {
             Some(at) => {
+                if !fits(&self.0[at]) {
+                    return Err(misfit(&self.0[at]));
+                }
                 let last = self.0.len() - 1;
                 self.0.swap(index.min(last), at);
             }
             None => {
                 let fresh = ParamState {
                     name: name.to_string(),
+                    shape: shape.to_vec(),
                     first: if buffers >= 1 {
                         vec![0.0; len]
                     } else {
@@ -63,6 +170,7 @@ impl States {
                 self.0.insert(at, fresh);
             }
         }
+        Ok(())
     }
 }
 
@@ -112,10 +220,10 @@ fn multi_tensor_step<M: Module>(
             return;
         }
         match g.f32_contiguous() {
-            Ok(values) => {
-                states.align(gathered.len(), name, t.numel(), buffers);
-                gathered.push((t, values));
-            }
+            Ok(values) => match states.align(gathered.len(), name, t.shape(), buffers) {
+                Ok(()) => gathered.push((t, values)),
+                Err(e) => first_err = Some(e),
+            },
             Err(e) => first_err = Some(e),
         }
     });
@@ -257,7 +365,20 @@ impl Optimizer for Sgd {
             },
         )
     }
+
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        self.states.to_tensors(SGD_BUFFERS)
+    }
+
+    fn load_state_tensors(&mut self, tensors: &[(String, Tensor)]) -> Result<()> {
+        let buffers = usize::from(self.momentum != 0.0);
+        self.states = States::from_tensors(tensors, SGD_BUFFERS, buffers)?;
+        Ok(())
+    }
 }
+
+const SGD_BUFFERS: [&str; 2] = ["momentum_buffer", ""];
+const ADAM_BUFFERS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
 
 /// torch.optim.Adam (L2 weight decay added to the gradient) and, with `decoupled`, AdamW.
 #[derive(Clone, Debug)]
@@ -329,6 +450,15 @@ impl Optimizer for Adam {
             },
         )
     }
+
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        self.states.to_tensors(ADAM_BUFFERS)
+    }
+
+    fn load_state_tensors(&mut self, tensors: &[(String, Tensor)]) -> Result<()> {
+        self.states = States::from_tensors(tensors, ADAM_BUFFERS, 2)?;
+        Ok(())
+    }
 }
 
 /// torch.optim.AdamW: decoupled weight decay, default 0.01.
@@ -365,5 +495,13 @@ impl AdamW {
 impl Optimizer for AdamW {
     fn step<M: Module>(&mut self, model: &mut M, grads: &Grads) -> Result<()> {
         self.0.step(model, grads)
+    }
+
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        self.0.state_tensors()
+    }
+
+    fn load_state_tensors(&mut self, tensors: &[(String, Tensor)]) -> Result<()> {
+        self.0.load_state_tensors(tensors)
     }
 }
