@@ -1,11 +1,16 @@
 //! Sampling text from a trained GPT: the next character is drawn from the last position's
 //! logits, scaled by a temperature and cut by top-k and top-p (nucleus), with a seeded
-//! generator so a seed gives the same text. Each step runs the model's compiled forward pass
-//! over the last `CONTEXT` characters (no key/value cache yet: at 64 positions a step is a
-//! few milliseconds).
+//! generator so a seed gives the same text. The prompt runs through the model once, filling a
+//! key/value cache (`gpt::KvCache`); each new character then costs one position's work. The
+//! learned position table covers `CONTEXT` positions, so when the cache is full it restarts
+//! from the last `KEEP` characters (one pass over them): every prediction sees between `KEEP`
+//! and `CONTEXT` characters of context.
 
 use crate::corpus::{VOCAB, Vocab};
-use crate::gpt::{CONTEXT, Gpt};
+use crate::gpt::{CONTEXT, Gpt, KvCache};
+
+/// Characters kept when a full cache restarts.
+pub const KEEP: usize = 48;
 use rtx_core::prelude::*;
 
 /// How the next character is drawn.
@@ -124,11 +129,15 @@ pub fn generate(
     }
     let mut rng = Rng::new(s.seed);
     let mut out = String::new();
-    for _ in 0..max_tokens {
-        let window = &ids[ids.len().saturating_sub(CONTEXT)..];
-        let x = Tensor::from_i64(window.to_vec(), &[1, window.len()])?;
-        let logits = model.forward(&x)?.to_vec_f32()?;
-        let last = &logits[logits.len().saturating_sub(VOCAB)..];
+    let mut cache = KvCache::new();
+    let window = &ids[ids.len().saturating_sub(CONTEXT)..];
+    let mut logits = model.decode(
+        &mut cache,
+        &Tensor::from_i64(window.to_vec(), &[1, window.len()])?,
+    )?;
+    for step in 0..max_tokens {
+        let values = logits.to_vec_f32()?;
+        let last = &values[values.len().saturating_sub(VOCAB)..];
         let id = sample(last, s, &mut rng) as i64;
         ids.push(id);
         let c = vocab.char(id).ok_or_else(|| {
@@ -136,6 +145,16 @@ pub fn generate(
         })?;
         emit(c);
         out.push(c);
+        if step + 1 == max_tokens {
+            break;
+        }
+        logits = if cache.len() == CONTEXT {
+            cache.clear();
+            let window = &ids[ids.len() - KEEP..];
+            model.decode(&mut cache, &Tensor::from_i64(window.to_vec(), &[1, KEEP])?)?
+        } else {
+            model.decode(&mut cache, &Tensor::from_i64(vec![id], &[1, 1])?)?
+        };
     }
     Ok(out)
 }

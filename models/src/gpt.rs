@@ -36,6 +36,23 @@ impl SelfAttention {
             let v = split_heads(self.v(x), 4);
             self.proj(merge_heads(attention(q, k, v, causal = true)))
         }
+
+        /// Each position's keys, per head: what a decoding cache keeps.
+        fn keys<B, T>(&self, x: [B, T, 128]) -> [B, 4, T, 32] {
+            split_heads(self.k(x), 4)
+        }
+
+        /// Each position's values, per head.
+        fn values<B, T>(&self, x: [B, T, 128]) -> [B, 4, T, 32] {
+            split_heads(self.v(x), 4)
+        }
+
+        /// One new position attending to `S` cached ones (its own key and value last): no
+        /// mask, every cached position comes before it.
+        fn attend<B, S>(&self, x: [B, 1, 128], k: [B, 4, S, 32], v: [B, 4, S, 32]) -> [B, 1, 128] {
+            let q = split_heads(self.q(x), 4);
+            self.proj(merge_heads(attention(q, k, v)))
+        }
     }
 }
 
@@ -71,6 +88,23 @@ impl Block {
             let x = x + self.attn(self.ln1(x));
             x + self.mlp(self.ln2(x))
         }
+
+        /// The keys the attention of this block computes for `x`.
+        fn keys<B, T>(&self, x: [B, T, 128]) -> [B, 4, T, 32] {
+            self.attn.keys(self.ln1(x))
+        }
+
+        /// The values the attention of this block computes for `x`.
+        fn values<B, T>(&self, x: [B, T, 128]) -> [B, 4, T, 32] {
+            self.attn.values(self.ln1(x))
+        }
+
+        /// `forward` for one new position, given the block's cached keys and values
+        /// (the new position's included).
+        fn decode<B, S>(&self, x: [B, 1, 128], k: [B, 4, S, 32], v: [B, 4, S, 32]) -> [B, 1, 128] {
+            let x = x + self.attn.attend(self.ln1(x), k, v);
+            x + self.mlp(self.ln2(x))
+        }
     }
 }
 
@@ -95,10 +129,118 @@ impl Gpt {
             self.head(self.ln_f(x))
         }
 
+        /// Token plus position embeddings (the positions given, for decoding with a cache).
+        fn embed<B, T>(&self, idx: i64[B, T], pos: i64[B, T]) -> [B, T, 128] {
+            self.wte(idx) + self.wpe(pos)
+        }
+
+        /// Next-character logits from the last block's output.
+        fn logits<B, T>(&self, x: [B, T, 128]) -> [B, T, 84] {
+            self.head(self.ln_f(x))
+        }
+
         /// Mean cross-entropy of the next-character predictions against `targets`.
         fn loss<B, T>(&self, idx: i64[B, T], targets: i64[B, T]) -> [] {
             cross_entropy(self.forward(idx), targets)
         }
+    }
+}
+
+/// Keys and values of the positions decoded so far, per block (`[B, HEADS, S, 32]` each), so
+/// that each new position costs one position's work instead of the whole sequence's.
+#[derive(Clone, Debug, Default)]
+pub struct KvCache {
+    keys: Vec<Tensor>,
+    values: Vec<Tensor>,
+    len: usize,
+}
+
+impl KvCache {
+    pub fn new() -> KvCache {
+        KvCache::default()
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Forgets every position (to start over, or to restart from a shorter window).
+    pub fn clear(&mut self) {
+        *self = KvCache::default();
+    }
+}
+
+impl Gpt {
+    /// Logits `[B, n, 84]` for `idx` (`[B, n]`), the `n` positions that follow the ones
+    /// `cache` holds, which it then holds too. Equal, to rounding, to the matching positions
+    /// of `forward` over the whole sequence. An empty cache takes the first positions in one
+    /// pass (the prompt); later positions go one at a time.
+    pub fn decode(&self, cache: &mut KvCache, idx: &Tensor) -> Result<Tensor> {
+        let (batch, n) = match idx.shape() {
+            &[b, n] if n > 0 => (b, n),
+            other => {
+                return Err(RtxError::ShapeMismatch {
+                    context: "Gpt::decode tokens".into(),
+                    expected: "[batch, positions] with at least one position".into(),
+                    found: format!("{other:?}"),
+                });
+            }
+        };
+        if cache.len + n > CONTEXT {
+            return Err(RtxError::Invalid(format!(
+                "the cache holds {} positions and {n} more would pass the context of {CONTEXT}; clear it and decode the last positions again",
+                cache.len
+            )));
+        }
+        if let Some(k) = cache.keys.first()
+            && k.shape()[0] != batch
+        {
+            return Err(RtxError::ShapeMismatch {
+                context: "Gpt::decode batch".into(),
+                expected: format!("{} sequences, as the cache holds", k.shape()[0]),
+                found: format!("{batch}"),
+            });
+        }
+        if cache.is_empty() {
+            return self.prefill(cache, idx);
+        }
+        let tokens = idx.to_vec_i64()?;
+        let mut logits = Vec::with_capacity(n);
+        for j in 0..n {
+            let column: Vec<i64> = (0..batch).map(|b| tokens[b * n + j]).collect();
+            let token = Tensor::from_i64(column, &[batch, 1])?;
+            let pos = Tensor::from_i64(vec![cache.len as i64; batch], &[batch, 1])?;
+            let mut x = self.embed(&token, &pos)?;
+            for (i, block) in self.blocks.iter().enumerate() {
+                let keys = Tensor::concat(&[&cache.keys[i], &block.keys(&x)?], 2)?;
+                let values = Tensor::concat(&[&cache.values[i], &block.values(&x)?], 2)?;
+                x = block.decode(&x, &keys, &values)?;
+                (cache.keys[i], cache.values[i]) = (keys, values);
+            }
+            cache.len += 1;
+            logits.push(self.logits(&x)?);
+        }
+        let parts: Vec<&Tensor> = logits.iter().collect();
+        Tensor::concat(&parts, 1)
+    }
+
+    /// The first positions in one causal pass, keeping each block's keys and values.
+    fn prefill(&self, cache: &mut KvCache, idx: &Tensor) -> Result<Tensor> {
+        let (batch, n) = (idx.shape()[0], idx.shape()[1]);
+        let pos: Vec<i64> = (0..batch).flat_map(|_| 0..n as i64).collect();
+        let mut x = self.embed(idx, &Tensor::from_i64(pos, &[batch, n])?)?;
+        for block in &self.blocks {
+            cache.keys.push(block.keys(&x)?);
+            cache.values.push(block.values(&x)?);
+            x = block.forward(&x)?;
+        }
+        cache.len = n;
+        self.logits(&x)
     }
 }
 

@@ -240,3 +240,87 @@ fn resuming_with_other_settings_is_refused_naming_the_setting() {
 
     assert!(err.contains("--batch 4") && err.contains("8"), "{err}");
 }
+
+/// Largest difference between two logit tensors, relative to the largest logit.
+fn relative_difference(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.shape(), b.shape());
+    let scale = a
+        .to_vec_f32()
+        .unwrap()
+        .iter()
+        .fold(0.0f32, |m, v| m.max(v.abs()));
+    a.max_abs_diff(b).unwrap() / scale
+}
+
+#[test]
+fn decoding_with_the_cache_gives_the_logits_of_recomputing_the_sequence() {
+    let model = Gpt::init(4);
+    // Two sequences of 40 characters: a 9-character prompt, then 31 positions one at a time.
+    let ids: Vec<i64> = tokens(97)[17..].iter().take(80).copied().collect();
+    let whole = model
+        .forward(&Tensor::from_i64(ids.clone(), &[2, 40]).unwrap())
+        .unwrap();
+    let column = |from: usize, to: usize| -> Tensor {
+        let rows: Vec<i64> = (0..2)
+            .flat_map(|b| ids[b * 40 + from..b * 40 + to].to_vec())
+            .collect();
+        Tensor::from_i64(rows, &[2, to - from]).unwrap()
+    };
+
+    let mut cache = models::gpt::KvCache::new();
+    let mut parts = vec![model.decode(&mut cache, &column(0, 9)).unwrap()];
+    for j in 9..40 {
+        parts.push(model.decode(&mut cache, &column(j, j + 1)).unwrap());
+    }
+    let cached = Tensor::concat(&parts.iter().collect::<Vec<_>>(), 1).unwrap();
+
+    assert_eq!(cache.len(), 40);
+    let err = relative_difference(&whole, &cached);
+    assert!(
+        err < 1e-5,
+        "cached logits differ from recomputed ones by {err:e}"
+    );
+}
+
+#[test]
+fn decoding_from_an_empty_cache_one_position_at_a_time_matches_too() {
+    let model = Gpt::init(5);
+    let ids: Vec<i64> = tokens(12);
+    let whole = model
+        .forward(&Tensor::from_i64(ids.clone(), &[1, 12]).unwrap())
+        .unwrap();
+
+    let mut cache = models::gpt::KvCache::new();
+    let parts: Vec<Tensor> = ids
+        .iter()
+        .map(|&id| {
+            model
+                .decode(&mut cache, &Tensor::from_i64(vec![id], &[1, 1]).unwrap())
+                .unwrap()
+        })
+        .collect();
+    let cached = Tensor::concat(&parts.iter().collect::<Vec<_>>(), 1).unwrap();
+
+    let err = relative_difference(&whole, &cached);
+    assert!(
+        err < 1e-5,
+        "cached logits differ from recomputed ones by {err:e}"
+    );
+}
+
+#[test]
+fn decoding_past_the_context_is_an_error_naming_it() {
+    let model = Gpt::init(6);
+    let mut cache = models::gpt::KvCache::new();
+    model
+        .decode(&mut cache, &Tensor::from_i64(tokens(60), &[1, 60]).unwrap())
+        .unwrap();
+
+    let err = model
+        .decode(&mut cache, &Tensor::from_i64(tokens(5), &[1, 5]).unwrap())
+        .unwrap_err()
+        .to_string();
+
+    assert!(err.contains("60") && err.contains("64"), "{err}");
+    assert_eq!(cache.len(), 60, "a refused call changes nothing");
+}

@@ -1,5 +1,5 @@
-//! Tensor operations outside `graph!`: arithmetic with NumPy broadcasting, `argmax`, and a
-//! readable `Display`, for the code around a model (evaluation, decoding, inspection).
+//! Tensor operations outside `graph!`: arithmetic with NumPy broadcasting, `argmax`, `concat`,
+//! `narrow` (a slice along one axis; `matmul` is in `half.rs`), and a readable `Display`, for the code around a model (evaluation, decoding, inspection).
 //!
 //! Each method runs one core op through `ops::run_op`, which checks the shapes first, so a
 //! mismatch is an `RtxError` naming both shapes, never a panic. Nothing here records a tape:
@@ -41,6 +41,16 @@ impl Tensor {
     /// counting as the largest, as `torch.argmax(x, dim)`.
     pub fn argmax(&self, axis: usize) -> Result<Tensor> {
         run_op(&Op::ArgMax { axis }, &[self], &mut Ctx::eval())
+    }
+
+    /// `parts` joined along `axis` (every other axis must agree), as `torch.cat`.
+    pub fn concat(parts: &[&Tensor], axis: usize) -> Result<Tensor> {
+        run_op(&Op::Concat { axis }, parts, &mut Ctx::eval())
+    }
+
+    /// Positions `start .. start + len` along `axis`, as `torch.narrow` (a copy).
+    pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Result<Tensor> {
+        run_op(&Op::Narrow { axis, start, len }, &[self], &mut Ctx::eval())
     }
 }
 
