@@ -7,19 +7,19 @@ use crate::mlp::Mlp;
 use indicatif::{ProgressBar, ProgressStyle};
 use rtx_core::prelude::*;
 use rtx_core::schedule::{Cosine, Schedule};
+use rtx_core::train::train_step;
 use std::time::Instant;
 
 /// The held-out split is fixed, whatever the training seed, so runs are comparable.
 pub const SPLIT_SEED: u64 = 0;
 pub const TEST_FRACTION: f64 = 0.2;
 
-/// What the training loop needs from a digit classifier; implemented by each model here.
-pub trait Classifier: Module + Sized {
+/// How a digit classifier is run here: its name, input layout and training settings. The
+/// model itself (forward, loss, gradients) is `rtx_core::Model`, which `#[model]` implements.
+pub trait Classifier: Model + Sized {
     const NAME: &'static str;
     /// Shape of a batch of `b` images as this model takes them.
     fn input_shape(b: usize) -> Vec<usize>;
-    fn logits(&self, x: &Tensor) -> Result<Tensor>;
-    fn loss_and_grads(&self, ctx: &mut Ctx, x: &Tensor, y: &Tensor) -> Result<(Tensor, Grads)>;
     /// Epochs, batch size and learning rate that reach the accuracy bar in the time budget.
     fn defaults() -> (usize, usize, f32);
 }
@@ -28,12 +28,6 @@ impl Classifier for Mlp {
     const NAME: &'static str = "mlp";
     fn input_shape(b: usize) -> Vec<usize> {
         vec![b, PIXELS]
-    }
-    fn logits(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward(x)
-    }
-    fn loss_and_grads(&self, ctx: &mut Ctx, x: &Tensor, y: &Tensor) -> Result<(Tensor, Grads)> {
-        Mlp::loss_and_grads(self, ctx, x, y)
     }
     fn defaults() -> (usize, usize, f32) {
         (60, 32, 2e-3)
@@ -44,12 +38,6 @@ impl Classifier for Cnn {
     const NAME: &'static str = "cnn";
     fn input_shape(b: usize) -> Vec<usize> {
         vec![b, 1, 8, 8]
-    }
-    fn logits(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward(x)
-    }
-    fn loss_and_grads(&self, ctx: &mut Ctx, x: &Tensor, y: &Tensor) -> Result<(Tensor, Grads)> {
-        Cnn::loss_and_grads(self, ctx, x, y)
     }
     fn defaults() -> (usize, usize, f32) {
         (40, 32, 3e-3)
@@ -88,7 +76,7 @@ pub fn accuracy<M: Classifier>(model: &M, data: &Digits) -> Result<f64> {
     let idx: Vec<usize> = (0..data.len).collect();
     let (x, y) = data.batch(&idx);
     let logits = model
-        .logits(&Tensor::from_vec(x, &M::input_shape(data.len))?)?
+        .forward(&Tensor::from_vec(x, &M::input_shape(data.len))?)?
         .to_vec_f32()?;
     let correct = logits
         .chunks(10)
@@ -176,7 +164,7 @@ pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
     let mut epoch_losses = Vec::with_capacity(epochs);
     for epoch in 1..=epochs {
         // Cosine decay per epoch from `lr` to 5% of it over the run.
-        opt.lr = Cosine {
+        let epoch_lr = Cosine {
             base: lr,
             min: 0.05 * lr,
             steps: epochs,
@@ -189,9 +177,8 @@ pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
             let (x, y) = train_set.batch(chunk);
             let x = Tensor::from_vec(x, &M::input_shape(chunk.len()))?;
             let y = Tensor::from_i64(y, &[chunk.len()])?;
-            let (loss, grads) = model.loss_and_grads(&mut ctx, &x, &y)?;
-            opt.step(&mut model, &grads)?;
-            total += loss.item()? as f64 * chunk.len() as f64;
+            let loss = train_step(&mut model, &mut opt, &mut ctx, (&x, &y), epoch_lr, None)?;
+            total += loss as f64 * chunk.len() as f64;
             bar.inc(1);
         }
         let mean = (total / train_set.len as f64) as f32;

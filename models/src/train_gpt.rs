@@ -9,7 +9,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rtx_core::batches::TokenBatches;
 use rtx_core::prelude::*;
 use rtx_core::resume::{TrainingMeta, load_training, save_training};
-use rtx_core::schedule::{Schedule, WarmupCosine, clip_grad_norm};
+use rtx_core::schedule::{Schedule, WarmupCosine};
+use rtx_core::train::train_step;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -89,13 +90,7 @@ pub struct GptReport {
 
 /// Mean loss over `batches` (each weighted by its size).
 pub fn mean_loss(model: &Gpt, batches: &[(Tensor, Tensor)]) -> Result<f32> {
-    let (mut total, mut count) = (0.0f64, 0usize);
-    for (x, y) in batches {
-        let n = x.numel();
-        total += model.loss(x, y)?.item()? as f64 * n as f64;
-        count += n;
-    }
-    Ok((total / count.max(1) as f64) as f32)
+    rtx_core::train::mean_loss(model, batches)
 }
 
 /// Trains a fresh seeded GPT on the corpus; returns it with the report.
@@ -249,17 +244,8 @@ pub fn train_gpt_on(
             }
         };
         at.position += 1;
-        opt.set_lr(schedule.lr(at.step));
-        let (loss, mut grads) = model.loss_and_grads(&mut ctx, &x, &y)?;
-        clip_grad_norm(&mut grads, 1.0)?;
-        opt.step(&mut model, &grads)?;
-        let loss = loss.item()?;
-        if !loss.is_finite() {
-            return Err(RtxError::Invalid(format!(
-                "the training loss is {loss} at step {}: lower the learning rate",
-                at.step
-            )));
-        }
+        let lr = schedule.lr(at.step);
+        let loss = train_step(&mut model, &mut opt, &mut ctx, (&x, &y), lr, Some(1.0))?;
         at.seconds += started.elapsed().as_secs_f64();
         at.tokens += x.numel();
         at.window_loss += loss as f64;

@@ -81,7 +81,7 @@ fn executor_loss_and_grads<M: Module>(
 fn assert_compiled_matches_executor<M: Classifier>(ir: &ModelIr, seed: u64, train: bool) {
     let (model, x, y) = setup::<M>(seed);
     let ctx = || if train { Ctx::train(seed) } else { Ctx::eval() };
-    let (loss, grads) = Classifier::loss_and_grads(&model, &mut ctx(), &x, &y).unwrap();
+    let (loss, grads) = rtx_core::Model::loss_and_grads(&model, &mut ctx(), &x, &y).unwrap();
     let (exec_loss, exec_grads) = executor_loss_and_grads(&model, ir, &mut ctx(), &x, &y);
     assert_eq!(
         bits(&loss),
@@ -91,7 +91,8 @@ fn assert_compiled_matches_executor<M: Classifier>(ir: &ModelIr, seed: u64, trai
         exec_loss
     );
     if train {
-        let (eval_loss, _) = Classifier::loss_and_grads(&model, &mut Ctx::eval(), &x, &y).unwrap();
+        let (eval_loss, _) =
+            rtx_core::Model::loss_and_grads(&model, &mut Ctx::eval(), &x, &y).unwrap();
         assert_ne!(
             bits(&eval_loss),
             bits(&loss),
@@ -244,7 +245,7 @@ fn assert_compiled_grads_match_reference<M: Classifier>(ir: &ModelIr, seed: u64)
     let params = f64_params(&model);
     let want = reference_grads(f, &params, &inputs);
     let want_loss = reference_loss(f, &params, &inputs);
-    let (loss, grads) = Classifier::loss_and_grads(&model, &mut Ctx::eval(), &x, &y).unwrap();
+    let (loss, grads) = rtx_core::Model::loss_and_grads(&model, &mut Ctx::eval(), &x, &y).unwrap();
     let loss = loss.item().unwrap() as f64;
     assert!(
         (loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
@@ -277,7 +278,7 @@ fn cnn_train_mode_loss_with_dropout_matches_the_reference_with_the_same_seed() {
     let inputs = [to_array(&x), to_array(&y)];
     let want = reference_values_in(f, &f64_params(&model), &inputs, true, 77)[f.output].data[0];
     let eval = reference_values_in(f, &f64_params(&model), &inputs, false, 77)[f.output].data[0];
-    let (loss, _) = Classifier::loss_and_grads(&model, &mut Ctx::train(77), &x, &y).unwrap();
+    let (loss, _) = rtx_core::Model::loss_and_grads(&model, &mut Ctx::train(77), &x, &y).unwrap();
     let got = loss.item().unwrap() as f64;
     assert!(
         (want - eval).abs() > 1e-6,

@@ -27,6 +27,7 @@ pub mod resume;
 pub mod rng;
 pub mod schedule;
 pub mod tensor;
+pub mod train;
 
 pub use ctx::Ctx;
 pub use error::{Result, RtxError};
@@ -34,6 +35,7 @@ pub use layers::{Conv2d, Embedding, LayerNorm, Linear, Param1, Param2, Param3, P
 pub use module::{Grads, Module, join_name, with_name};
 pub use rng::Rng;
 pub use tensor::{DType, Tensor};
+pub use train::Model;
 
 /// The graph IR (`Mlp::graph()` returns an `ir::ModelIr`).
 pub use rtx_ir as ir;
@@ -48,6 +50,7 @@ pub mod prelude {
     //! Everything a model file needs.
     pub use crate::checkpoint::Checkpoint;
     pub use crate::optim::{Adam, AdamW, Optimizer, Sgd};
+    pub use crate::train::Model;
     pub use crate::{
         Conv2d, Ctx, DType, Embedding, Grads, LayerNorm, Linear, Module, Param1, Param2, Param3,
         Param4,

@@ -19,6 +19,12 @@ pub trait Optimizer {
     /// Updates every parameter that has a gradient in `grads`; others are left alone.
     fn step<M: Module>(&mut self, model: &mut M, grads: &Grads) -> Result<()>;
 
+    /// The learning rate of the next step.
+    fn lr(&self) -> f32;
+
+    /// Sets the learning rate of the next steps (a schedule calls this each step).
+    fn set_lr(&mut self, lr: f32);
+
     /// The per-parameter state, as tensors named `{param}.{buffer}` with PyTorch's buffer
     /// names (`exp_avg`, `exp_avg_sq`, `momentum_buffer`) in the parameter's shape, and
     /// `{param}.step` (an i64 scalar), for training checkpoints.
@@ -366,6 +372,14 @@ impl Optimizer for Sgd {
         )
     }
 
+    fn lr(&self) -> f32 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f32) {
+        self.lr = lr;
+    }
+
     fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
         self.states.to_tensors(SGD_BUFFERS)
     }
@@ -451,6 +465,14 @@ impl Optimizer for Adam {
         )
     }
 
+    fn lr(&self) -> f32 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f32) {
+        self.lr = lr;
+    }
+
     fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
         self.states.to_tensors(ADAM_BUFFERS)
     }
@@ -482,19 +504,19 @@ impl AdamW {
     pub fn weight_decay(self, wd: f32) -> AdamW {
         AdamW(self.0.weight_decay(wd))
     }
-    /// The learning rate of the next step.
-    pub fn lr(&self) -> f32 {
-        self.0.lr
-    }
-    /// Sets the learning rate of the next steps (a schedule calls this each step).
-    pub fn set_lr(&mut self, lr: f32) {
-        self.0.lr = lr;
-    }
 }
 
 impl Optimizer for AdamW {
     fn step<M: Module>(&mut self, model: &mut M, grads: &Grads) -> Result<()> {
         self.0.step(model, grads)
+    }
+
+    fn lr(&self) -> f32 {
+        self.0.lr
+    }
+
+    fn set_lr(&mut self, lr: f32) {
+        self.0.lr = lr;
     }
 
     fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {

@@ -19,7 +19,8 @@ pub fn neg(x: f32) -> f32 {
 
 #[inline(always)]
 pub fn relu(x: f32) -> f32 {
-    if x > 0.0 { x } else { 0.0 }
+    // NaN stays NaN, as in PyTorch (and the float64 reference): a diverged run must show.
+    if x > 0.0 || x.is_nan() { x } else { 0.0 }
 }
 
 /// Exact erf form, PyTorch's default: `0.5 * x * (1 + erf(x / sqrt(2)))`.
@@ -250,5 +251,12 @@ mod tests {
         assert_eq!(tanh(f32::INFINITY), 1.0);
         assert_eq!(tanh(f32::NEG_INFINITY), -1.0);
         assert!(tanh(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn relu_passes_nan_through_as_pytorch_does() {
+        assert!(relu(f32::NAN).is_nan());
+        assert_eq!(relu(-2.0), 0.0);
+        assert_eq!(relu(3.0), 3.0);
     }
 }
