@@ -10,6 +10,7 @@ use models::corpus::{Vocab, load_shakespeare, shakespeare_text};
 use models::generate::{Sampling, generate};
 use models::gpt::{CONTEXT, Gpt};
 use models::mlp::Mlp;
+use models::plot::{plot_curve, read_curve};
 use models::train::{Classifier, TrainConfig, TrainReport, held_out_accuracy, train};
 use models::train_gpt::{GptConfig, mean_loss, train_gpt};
 use rtx_core::batches::TokenBatches;
@@ -59,7 +60,8 @@ enum Command {
         /// gpt: validation batches per evaluation (default: the whole validation split).
         #[arg(long)]
         eval_batches: Option<usize>,
-        /// gpt: write the loss curve (step, seconds, train and validation loss) here.
+        /// gpt: write the loss curve (step, seconds, train and validation loss) here, and
+        /// its plot next to it (the same name, `.png`).
         #[arg(long, default_value = "gpt_loss.csv")]
         csv: PathBuf,
         /// gpt: save a training checkpoint here (weights, optimizer state, step, RNG state,
@@ -215,6 +217,12 @@ fn train_gpt_and_report(cfg: &GptConfig, save: Option<PathBuf>) -> Result<()> {
     }
     if let Some(path) = &cfg.csv {
         println!("loss curve: {}", path.display());
+        // The model is trained whatever happens here: a plot that fails is a warning.
+        let png = path.with_extension("png");
+        match read_curve(path).and_then(|rows| plot_curve(&rows, &png, "gpt on Shakespeare")) {
+            Ok(()) => println!("loss plot: {}", png.display()),
+            Err(e) => eprintln!("warning: no loss plot: {e}"),
+        }
     }
     if let Some(path) = &cfg.checkpoint {
         println!("training checkpoint (step {}): {}", r.steps, path.display());
