@@ -101,7 +101,8 @@ pub fn plot_curve(rows: &[Row], png: &Path, title: &str) -> Result<()> {
             .y_desc("loss (nats per character)")
             .label_style(("sans-serif", 15))
             .draw()?;
-        let series: [(&str, RGBColor, fn(&Row) -> f64); 2] = [
+        type Series = (&'static str, RGBColor, fn(&Row) -> f64);
+        let series: [Series; 2] = [
             ("train", BLUE, |r| r.train_loss),
             ("validation", RED, |r| r.val_loss),
         ];
