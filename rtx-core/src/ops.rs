@@ -223,6 +223,16 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             let (out, shape) = cpu::matmul(da, la, db, lb)?;
             Tensor::from_kernel(out, &shape)
         }
+        Op::Attention { causal } => {
+            let (q, k, v) = (f32s(a(0), op)?, f32s(a(1), op)?, f32s(a(2), op)?);
+            let (out, shape) = cpu::attention(q, k, v, *causal)?;
+            Tensor::from_kernel(out, &shape)
+        }
+        Op::AttentionGrad { causal } => {
+            let (q, k, v) = (f32s(a(0), op)?, f32s(a(1), op)?, f32s(a(2), op)?);
+            let (out, shape) = cpu::attention_grad(q, k, v, f32s(a(3), op)?, *causal)?;
+            Tensor::from_kernel(out, &shape)
+        }
         Op::Conv2d { stride, padding } => {
             let ((dx, lx), (dw, lw)) = (f32s(a(0), op)?, f32s(a(1), op)?);
             let (out, shape) = cpu::conv2d(dx, lx, dw, lw, *stride, *padding)?;

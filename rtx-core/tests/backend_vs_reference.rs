@@ -132,6 +132,8 @@ fn test_of(op: &Op) -> Option<&'static str> {
         Op::Select => "select_matches_reference",
         Op::Sum { .. } | Op::Mean { .. } | Op::Max { .. } => "reductions_match_reference",
         Op::MatMul => "matmul_matches_reference",
+        Op::Attention { .. } => "attention_matches_reference",
+        Op::AttentionGrad { .. } => "attention_grad_matches_reference",
         Op::Conv2d { .. } => "conv2d_matches_reference",
         Op::MaxPool2d { .. } => "max_pool2d_matches_reference",
         Op::AvgPool2d { .. } => "avg_pool2d_matches_reference",
@@ -414,6 +416,55 @@ fn matmul_matches_reference() {
     check_contraction(&Op::MatMul, &[&a, &b], 37);
     let (a, b) = (rng.tensor(&[33, 130]), rng.tensor(&[130, 70]));
     check_contraction(&Op::MatMul, &[&a, &b], 130);
+}
+
+// --- attention ----------------------------------------------------------------------------------
+
+#[test]
+fn attention_matches_reference() {
+    let mut rng = Rng::new(81);
+    for causal in [false, true] {
+        // More keys than one block of the online softmax (32), and a length that is not a
+        // multiple of it, so blocks are rescaled and the last one is partial.
+        let (q, k, v) = (
+            rng.tensor(&[2, 3, 45, 8]),
+            rng.tensor(&[2, 3, 45, 8]),
+            rng.tensor(&[2, 3, 45, 8]),
+        );
+        check_contraction(&Op::Attention { causal }, &[&q, &k, &v], 45);
+        // Heads as split_heads gives them: a permuted, strided view.
+        let qp = permuted(&rng.tensor(&[2, 45, 3, 8]), &[0, 2, 1, 3]);
+        check_contraction(&Op::Attention { causal }, &[&qp, &k, &v], 45);
+    }
+    // Fewer queries than keys, and values of another width.
+    let (q, k, v) = (
+        rng.tensor(&[4, 1, 6]),
+        rng.tensor(&[4, 70, 6]),
+        rng.tensor(&[4, 70, 5]),
+    );
+    check_contraction(&Op::Attention { causal: false }, &[&q, &k, &v], 70);
+    // Large scores: the online maximum keeps every exponential finite.
+    let q = rng.tensor_in(&[1, 40, 4], 20.0, 30.0);
+    let k = rng.tensor_in(&[1, 40, 4], -30.0, 30.0);
+    let v = rng.tensor(&[1, 40, 4]);
+    check_contraction(&Op::Attention { causal: true }, &[&q, &k, &v], 40);
+}
+
+#[test]
+fn attention_grad_matches_reference() {
+    let mut rng = Rng::new(82);
+    for causal in [false, true] {
+        let shape = [2, 2, 37, 8];
+        let (q, k, v, g) = (
+            rng.tensor(&shape),
+            rng.tensor(&shape),
+            rng.tensor(&shape),
+            rng.tensor(&shape),
+        );
+        check_contraction(&Op::AttentionGrad { causal }, &[&q, &k, &v, &g], 37);
+        let kp = permuted(&rng.tensor(&[2, 37, 2, 8]), &[0, 2, 1, 3]);
+        check_contraction(&Op::AttentionGrad { causal }, &[&q, &kp, &v, &g], 37);
+    }
 }
 
 #[test]

@@ -287,6 +287,30 @@ fn vjp(
                 &[x(0), g],
             )
             .map_err(e)?),
+        // One backward kernel gives all three gradients, stacked on a new first axis.
+        Op::Attention { causal } => {
+            let stacked = b
+                .op(
+                    Op::AttentionGrad { causal: *causal },
+                    &[x(0), x(1), x(2), g],
+                )
+                .map_err(e)?;
+            (0..3)
+                .map(|i| {
+                    let part = b.op(
+                        Op::Narrow {
+                            axis: 0,
+                            start: i,
+                            len: 1,
+                        },
+                        &[stacked],
+                    )?;
+                    let shape = b.g.node(x(i)).shape.clone();
+                    Ok(Some(b.op(Op::Reshape { shape }, &[part])?))
+                })
+                .collect::<Result<Vec<_>, ShapeError>>()
+                .map_err(e)
+        }
         // C = A B:  dA = dC B^T,  dB = A^T dC
         Op::MatMul => {
             let bt = b.transpose_last(x(1)).map_err(e)?;
@@ -401,6 +425,7 @@ fn vjp(
         | Op::AvgPool2dGrad { .. }
         | Op::PadNarrow { .. }
         | Op::ConcatGrad { .. }
+        | Op::AttentionGrad { .. }
         | Op::EmbeddingGrad => Err(format!(
             "`{}` is a backward op; second derivatives are not supported",
             node.op.name()

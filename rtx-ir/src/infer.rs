@@ -519,6 +519,47 @@ pub fn infer(
             out.push(b[b.len() - 1].clone());
             f32_out(out)
         }
+        Op::Attention { causal } => {
+            let (q, k, v) = (sh(0), sh(1), sh(2));
+            for (i, (s, what)) in [(q, "q"), (k, "k"), (v, "v")].into_iter().enumerate() {
+                if s.len() < 2 || s.len() != q.len() {
+                    return Err(ShapeError::invalid(
+                        i,
+                        format!(
+                            "attention needs q, k and v of one rank >= 2 ([.., T, D]); {what} is {}",
+                            fmt_shape(s)
+                        ),
+                    ));
+                }
+            }
+            let r = q.len();
+            let mut want_k = q.clone();
+            want_k[r - 2] = k[r - 2].clone();
+            if !u.same_shape(&want_k, k) {
+                return Err(ShapeError::mismatch(1, want_k, k)
+                    .with_help("keys share the queries' batch axes and width"));
+            }
+            let mut want_v = k.clone();
+            want_v[r - 1] = v[r - 1].clone();
+            if !u.same_shape(&want_v, v) {
+                return Err(
+                    ShapeError::mismatch(2, want_v, v).with_help("values hold one row per key")
+                );
+            }
+            if *causal && !u.same(&q[r - 2], &k[r - 2]) {
+                return Err(ShapeError::invalid(
+                    1,
+                    format!(
+                        "causal attention needs as many queries as keys, found {} and {}",
+                        q[r - 2],
+                        k[r - 2]
+                    ),
+                ));
+            }
+            let mut out = q.clone();
+            out[r - 1] = v[r - 1].clone();
+            f32_out(out)
+        }
         Op::Conv2d { stride, padding } => {
             let (x, w) = (sh(0), sh(1));
             need_rank(0, x, 4, "conv2d input [N, C, H, W]")?;
@@ -762,6 +803,20 @@ pub fn infer(
             )?;
             need_grad_shape(0, out, sh(0), d.name, u)?;
             f32_out(sh(2).clone())
+        }
+        Op::AttentionGrad { causal } => {
+            let out = forward_shape(&Op::Attention { causal: *causal }, args, &[0, 1, 2], u)?;
+            need_grad_shape(3, out, sh(3), d.name, u)?;
+            for i in 1..3 {
+                if !u.same_shape(sh(0), sh(i)) {
+                    return Err(ShapeError::mismatch(i, sh(0).clone(), sh(i)).with_help(
+                        "the stacked attention gradient needs q, k and v of one shape",
+                    ));
+                }
+            }
+            let mut out = vec![Dim::known(3)];
+            out.extend(sh(0).iter().cloned());
+            f32_out(out)
         }
         Op::Conv2dGradWeight { stride, padding } => {
             let out = forward_shape(

@@ -127,6 +127,13 @@ pub enum Op {
     // --- linear algebra, nn ----------------------------------------------------------------
     /// `[.., M, K] @ [.., K, N]`, batch dimensions broadcast.
     MatMul,
+    /// `(q [.., Tq, D], k [.., Tk, D], v [.., Tk, Dv]) -> [.., Tq, Dv]`:
+    /// `softmax(q k^T / sqrt(D)) v` with equal batch axes; with `causal` (Tq == Tk), key `j`
+    /// is hidden from query `i` when `j > i`. Flash-style: an online softmax over blocks of
+    /// keys, no `[Tq, Tk]` matrix stored.
+    Attention {
+        causal: bool,
+    },
     /// `(x [N, C, H, W], w [O, C, KH, KW]) -> [N, O, OH, OW]`.
     Conv2d {
         stride: [usize; 2],
@@ -237,6 +244,11 @@ pub enum Op {
     },
     /// `(g, ids, table_like) -> table-shaped`, rows of g added at ids.
     EmbeddingGrad,
+    /// `(q, k, v, g) -> [3, ..q]`: the gradients of `Attention` for q, k and v (one shape),
+    /// stacked; each query row's weights are recomputed, not saved.
+    AttentionGrad {
+        causal: bool,
+    },
     /// `(g, part_0, .., part_n) -> part_index-shaped`: the slice of `g` along `axis` that
     /// `part_index` occupied in `concat(part_0, .., part_n)`. The parts are shape witnesses,
     /// so the slice bounds may be symbolic.
@@ -312,6 +324,7 @@ impl Op {
             Op::Mean { .. } => def("mean", 1, Reduction, 1.0),
             Op::Max { .. } => def("max", 1, Reduction, 1.0),
             Op::MatMul => def("matmul", 2, Contraction, 2.0),
+            Op::Attention { .. } => def("attention", 3, Other, 4.0),
             Op::Conv2d { .. } => def("conv2d", 2, Contraction, 2.0),
             Op::MaxPool2d { .. } => def("max_pool2d", 1, Other, 1.0),
             Op::AvgPool2d { .. } => def("avg_pool2d", 1, Other, 1.0),
@@ -340,6 +353,7 @@ impl Op {
             Op::PadNarrow { .. } => def("pad_narrow", 2, Layout, 0.0),
             Op::EmbeddingGrad => def("embedding_grad", 3, Other, 1.0),
             Op::ConcatGrad { .. } => def("concat_grad", usize::MAX, Layout, 0.0),
+            Op::AttentionGrad { .. } => def("attention_grad", 4, Other, 10.0),
         }
     }
 

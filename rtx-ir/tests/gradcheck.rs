@@ -258,6 +258,25 @@ fn matmul_case(sa: &[usize], sb: &[usize]) {
     })
 }
 
+fn attention_case(causal: bool) {
+    check_grads(|c| {
+        let q = c.random(&[2, 5, 3]);
+        let k = c.random(&[2, 5, 3]);
+        let v = c.random(&[2, 5, 3]);
+        c.op(Op::Attention { causal }, &[q, k, v])
+    })
+}
+
+#[test]
+fn attention_gradient_matches_finite_differences() {
+    attention_case(false)
+}
+
+#[test]
+fn causal_attention_gradient_matches_finite_differences() {
+    attention_case(true)
+}
+
 #[test]
 fn matmul_gradient_matches_finite_differences() {
     matmul_case(&[3, 4], &[4, 5])

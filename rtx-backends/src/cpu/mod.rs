@@ -18,6 +18,7 @@
 //! in piece order. Long reductions over a tensor axis accumulate
 //! in f64; matmul and convolution accumulate in f32 like a BLAS would.
 
+mod attention;
 mod check;
 mod columns;
 mod conv;
@@ -35,6 +36,7 @@ mod strided;
 mod window;
 
 pub use crate::layout::Layout;
+pub use attention::{attention, attention_grad};
 pub use check::{KResult, KernelError};
 pub use conv::{
     ConvAlgorithm, conv2d, conv2d_grad_input, conv2d_grad_input_with, conv2d_grad_weight,

@@ -554,6 +554,12 @@ pub(super) fn attention(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError
             ));
         }
     }
+    // Self-attention (q, k, v of one shape, as in training) is one flash-style core op with
+    // a fused backward; other shapes (a decoding step against cached keys, broadcast batch
+    // axes) are the composition below.
+    if e.same_shape(&qs, &ks) && e.same_shape(&ks, &vs) {
+        return e.op(Op::Attention { causal }, &[q, k, v]);
+    }
     let mut perm: Vec<usize> = (0..rk).collect();
     perm.swap(rk - 2, rk - 1);
     let kt = e.op(Op::Permute { perm }, &[k])?;
