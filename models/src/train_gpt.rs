@@ -49,7 +49,7 @@ impl Default for GptConfig {
             steps: 5500,
             max_seconds: None,
             batch: 32,
-            lr: 1e-3,
+            lr: 3e-3,
             warmup: 100,
             eval_every: 500,
             eval_batches: None,

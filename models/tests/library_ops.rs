@@ -1,5 +1,5 @@
 //! The library ops (`silu`, `abs`, `clamp`, `where`, `softplus`, `leaky_relu`, `maximum`,
-//! `minimum`, `min`, functional `layer_norm`, `gelu_tanh`, `masked_fill`, `tril`, `triu`, `rms_norm`, `split_heads`, `merge_heads`, `rope`, `argmax`, `positions`) and the
+//! `minimum`, `min`, functional `layer_norm`, `gelu_tanh`, `masked_fill`, `tril`, `triu`, `rms_norm`, `split_heads`, `merge_heads`, `rope`, `argmax`, `top_k`, `top_k_indices`, `positions`) and the
 //! comparison operators, written in
 //! `graph!`: the compiled f32 forward pass and gradients agree with the float64 reference of
 //! the model's own IR.
@@ -37,7 +37,11 @@ impl Library {
 
         fn loss<B>(&self, x: [B, 5], t: [B, 6]) -> [] {
             let y = self.forward(x);
-            mse(y, t) + min(y) * 0.01
+            mse(y, t) + min(y) * 0.01 + mean(top_k(y, 2)) * 0.1
+        }
+
+        fn top_two<B>(&self, x: [B, 5]) -> [B, 2] {
+            top_k_indices(self.forward(x), 2)
         }
     }
 }
@@ -104,6 +108,26 @@ fn library_ops_gradients_match_the_f64_reference() {
         assert_close(grads.get(name).unwrap(), &values[id], name);
     }
     assert_eq!(grads.len(), 4, "fc.weight, fc.bias, gain, shift");
+}
+
+#[test]
+fn top_k_indices_in_a_graph_are_each_rows_two_largest_in_order() {
+    let model = Library::init(5);
+    let x = Rng::new(6).images(&[7, 5]);
+
+    let ids = model.top_two(&x).unwrap();
+
+    assert_eq!(ids.dtype(), DType::I64);
+    let y = model.forward(&x).unwrap().to_vec_f32().unwrap();
+    let want: Vec<i64> = y
+        .chunks(6)
+        .flat_map(|row| {
+            let mut order: Vec<usize> = (0..6).collect();
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            [order[0] as i64, order[1] as i64]
+        })
+        .collect();
+    assert_eq!(ids.to_vec_i64().unwrap(), want);
 }
 
 #[test]

@@ -223,6 +223,18 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             let (out, shape) = cpu::matmul(da, la, db, lb)?;
             Tensor::from_kernel(out, &shape)
         }
+        Op::TopK { k } => {
+            let (x, l) = f32s(a(0), op)?;
+            Tensor::from_kernel(cpu::top_k(x, l, *k)?.0, out_shape)
+        }
+        Op::TopKIndices { k } => {
+            let (x, l) = f32s(a(0), op)?;
+            Tensor::from_i64(cpu::top_k(x, l, *k)?.1, out_shape)?
+        }
+        Op::TopKGrad { k } => {
+            let ((x, lx), (g, lg)) = (f32s(a(0), op)?, f32s(a(1), op)?);
+            Tensor::from_kernel(cpu::top_k_grad(x, lx, g, lg, *k)?, out_shape)
+        }
         Op::Attention { causal } => {
             let (q, k, v) = (f32s(a(0), op)?, f32s(a(1), op)?, f32s(a(2), op)?);
             let (out, shape) = cpu::attention(q, k, v, *causal)?;

@@ -142,6 +142,7 @@ fn test_of(op: &Op) -> Option<&'static str> {
         Op::DropoutMask { .. } => "eval_mode_dropout_mask_is_ones_like_reference",
         Op::Iota { .. } => "iota_matches_reference",
         Op::ArgMax { .. } => "argmax_matches_reference",
+        Op::TopK { .. } | Op::TopKIndices { .. } | Op::TopKGrad { .. } => "top_k_matches_reference",
         Op::Positions { .. } => "positions_match_reference",
         Op::Reshape { .. } => "reshape_matches_reference",
         Op::Permute { .. } => "permute_matches_reference",
@@ -189,6 +190,27 @@ fn argmax_matches_reference() {
     let t = Tensor::from_vec(vec![1.0, 5.0, 5.0, 0.0, f32::NAN, 9.0], &[2, 3]).unwrap();
     let ids = run_op(&Op::ArgMax { axis: 1 }, &[&t], &mut Ctx::eval()).unwrap();
     assert_eq!(ids.to_vec_i64().unwrap(), vec![1, 1]);
+}
+
+#[test]
+fn top_k_matches_reference() {
+    let mut rng = Rng::new(45);
+    let x = rng.tensor(&[3, 5, 9]);
+    let strided = permuted(&rng.tensor(&[9, 3, 5]), &[1, 2, 0]);
+    for k in [1, 4, 9] {
+        for x in [&x, &strided] {
+            check(&Op::TopK { k }, &[x]);
+            check(&Op::TopKIndices { k }, &[x]);
+            let g = rng.tensor(&[3, 5, k]);
+            check(&Op::TopKGrad { k }, &[x, &g]);
+        }
+    }
+    // Largest first; a NaN before every number; equal values in position order.
+    let t = Tensor::from_vec(vec![1.0, 5.0, 5.0, 0.0, f32::NAN, 9.0, -1.0, 2.0], &[2, 4]).unwrap();
+    let ids = run_op(&Op::TopKIndices { k: 3 }, &[&t], &mut Ctx::eval()).unwrap();
+    assert_eq!(ids.to_vec_i64().unwrap(), vec![1, 2, 0, 0, 1, 3]);
+    let err = run_op(&Op::TopK { k: 5 }, &[&t], &mut Ctx::eval()).unwrap_err();
+    assert!(err.to_string().contains('5'), "{err}");
 }
 
 #[test]

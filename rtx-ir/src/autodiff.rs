@@ -149,7 +149,9 @@ fn vjp(
         | Op::DropoutMask { .. }
         | Op::Iota { .. }
         | Op::Positions { .. }
-        | Op::ArgMax { .. } => Ok(vec![None; node.args.len()]),
+        | Op::ArgMax { .. }
+        | Op::TopKIndices { .. } => Ok(vec![None; node.args.len()]),
+        Op::TopK { k } => one(b.op(Op::TopKGrad { k: *k }, &[x(0), g]).map_err(e)?),
         Op::Neg => one(b.neg(g).map_err(e)?),
         // relu(x) > 0 exactly where x > 0: reading the output keeps the pre-activation from
         // being stored for the backward pass (a matmul epilogue then writes one buffer, not two).
@@ -426,6 +428,7 @@ fn vjp(
         | Op::PadNarrow { .. }
         | Op::ConcatGrad { .. }
         | Op::AttentionGrad { .. }
+        | Op::TopKGrad { .. }
         | Op::EmbeddingGrad => Err(format!(
             "`{}` is a backward op; second derivatives are not supported",
             node.op.name()

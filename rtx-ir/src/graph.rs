@@ -332,6 +332,8 @@ fn describe(n: &Node) -> String {
             format!(" axis={axis}")
         }
         Op::Compare { cmp } => format!(" {}", cmp.symbol()),
+        Op::TopK { k } | Op::TopKIndices { k } | Op::TopKGrad { k } => format!(" k={k}"),
+        Op::Attention { causal } | Op::AttentionGrad { causal } if *causal => " causal".into(),
         _ => String::new(),
     };
     format!("{}({}){attrs}", n.op.name(), args.join(", "))

@@ -652,6 +652,52 @@ pub fn infer(
             check_axes(&[*axis], sh(0).len(), d.name)?;
             Ok((vec![sh(0)[*axis].clone()], DType::I64))
         }
+        Op::TopK { k } | Op::TopKIndices { k } => {
+            let x = sh(0);
+            let Some(n) = x.last() else {
+                return Err(ShapeError::invalid(
+                    0,
+                    format!(
+                        "{} needs a last axis to choose from, found a scalar",
+                        d.name
+                    ),
+                ));
+            };
+            if *k == 0 {
+                return Err(ShapeError::invalid(
+                    0,
+                    format!("{} needs k >= 1, found 0", d.name),
+                ));
+            }
+            if let Some(n) = n.as_known()
+                && *k > n
+            {
+                return Err(ShapeError::invalid(
+                    0,
+                    format!(
+                        "{} of {k} values from a last axis of {n} in {}",
+                        d.name,
+                        fmt_shape(x)
+                    ),
+                )
+                .with_help(format!("k can be at most {n}")));
+            }
+            let mut out = x.clone();
+            if let Some(last) = out.last_mut() {
+                *last = Dim::known(*k);
+            }
+            let dtype = if matches!(op, Op::TopK { .. }) {
+                DType::F32
+            } else {
+                DType::I64
+            };
+            Ok((out, dtype))
+        }
+        Op::TopKGrad { k } => {
+            let out = forward_shape(&Op::TopK { k: *k }, args, &[0], u)?;
+            need_grad_shape(1, out, sh(1), d.name, u)?;
+            f32_out(sh(0).clone())
+        }
         Op::ArgMax { axis } => {
             need_f32(0, args[0].1, d.name)?;
             check_axes(&[*axis], sh(0).len(), d.name)?;

@@ -175,6 +175,15 @@ pub enum Op {
     ArgMax {
         axis: usize,
     },
+    /// `(x [.., n]) -> [.., k]`: the `k` largest values along the last axis, largest first (a
+    /// NaN counts as the largest; equal values keep their order), as `torch.topk(x, k).values`.
+    TopK {
+        k: usize,
+    },
+    /// `(x [.., n]) -> i64 [.., k]`: the positions `TopK` took its values from. No gradient.
+    TopKIndices {
+        k: usize,
+    },
 
     // --- layout ----------------------------------------------------------------------------
     Reshape {
@@ -244,6 +253,10 @@ pub enum Op {
     },
     /// `(g, ids, table_like) -> table-shaped`, rows of g added at ids.
     EmbeddingGrad,
+    /// `(x, g) -> x-shaped`: zeros with each row's `g` at the positions `TopK` chose.
+    TopKGrad {
+        k: usize,
+    },
     /// `(q, k, v, g) -> [3, ..q]`: the gradients of `Attention` for q, k and v (one shape),
     /// stacked; each query row's weights are recomputed, not saved.
     AttentionGrad {
@@ -333,6 +346,8 @@ impl Op {
             Op::DropoutMask { .. } => def("dropout_mask", 1, Elementwise, 5.0),
             Op::Iota { .. } => def("iota", 1, Other, 0.0),
             Op::ArgMax { .. } => def("argmax", 1, Other, 1.0),
+            Op::TopK { .. } => def("top_k", 1, Other, 4.0),
+            Op::TopKIndices { .. } => def("top_k_indices", 1, Other, 4.0),
             Op::Positions { .. } => def("positions", 1, Other, 0.0),
             Op::Reshape { .. } => def("reshape", 1, Layout, 0.0),
             Op::Permute { .. } => def("permute", 1, Layout, 0.0),
@@ -354,6 +369,7 @@ impl Op {
             Op::EmbeddingGrad => def("embedding_grad", 3, Other, 1.0),
             Op::ConcatGrad { .. } => def("concat_grad", usize::MAX, Layout, 0.0),
             Op::AttentionGrad { .. } => def("attention_grad", 4, Other, 10.0),
+            Op::TopKGrad { .. } => def("top_k_grad", 2, Other, 4.0),
         }
     }
 

@@ -258,6 +258,14 @@ fn matmul_case(sa: &[usize], sb: &[usize]) {
     })
 }
 
+#[test]
+fn top_k_gradient_matches_finite_differences() {
+    check_grads(|c| {
+        let x = c.random(&[3, 6]);
+        c.op(Op::TopK { k: 2 }, &[x])
+    })
+}
+
 fn attention_case(causal: bool) {
     check_grads(|c| {
         let q = c.random(&[2, 5, 3]);

@@ -801,6 +801,9 @@ fn every_library_op_has_a_test_here() {
         // Core ops Positions and ArgMax: reference_ops.rs, backend_vs_reference.rs, library_ops.rs (models).
         "argmax",
         "positions",
+        // Core ops TopK, TopKIndices: backend_vs_reference.rs, gradcheck.rs, library_ops.rs (models).
+        "top_k",
+        "top_k_indices",
     ];
     for op in LIBRARY {
         assert!(tested.contains(&op.name), "`{}` has no test", op.name);

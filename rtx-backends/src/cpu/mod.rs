@@ -33,6 +33,7 @@ mod reduce;
 mod rows;
 pub mod scalar;
 mod strided;
+mod topk;
 mod window;
 
 pub use crate::layout::Layout;
@@ -55,3 +56,4 @@ pub use random::dropout_mask;
 pub use reduce::{ReduceOp, argmax, max_grad, reduce, sum_to};
 pub use rows::{RowIn, map_rows};
 pub use strided::to_contiguous;
+pub use topk::{top_k, top_k_grad};

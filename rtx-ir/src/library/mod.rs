@@ -247,6 +247,24 @@ pub const LIBRARY: &[LibraryOp] = &[
         |e, a| e.op(Op::ArgMax { axis: a.axis(1)? }, &[a.tensor(0)?]),
     ),
     row(
+        "top_k",
+        &[Tensor("x"), Size("k", true)],
+        "the k largest values along the last axis, largest first (a NaN counts as the largest; equal values keep their order); the gradient goes to the positions they came from",
+        |e, a| {
+            let k = top_k_count(a)?;
+            e.op(Op::TopK { k }, &[a.tensor(0)?])
+        },
+    ),
+    row(
+        "top_k_indices",
+        &[Tensor("x"), Size("k", true)],
+        "i64 positions along the last axis of what `top_k(x, k)` returns; no gradient",
+        |e, a| {
+            let k = top_k_count(a)?;
+            e.op(Op::TopKIndices { k }, &[a.tensor(0)?])
+        },
+    ),
+    row(
         "softmax",
         &[Tensor("x"), Axis("axis", true)],
         "exp(x) / sum(exp(x)) along the axis, shifted by the row max",
@@ -388,4 +406,10 @@ pub const LIBRARY: &[LibraryOp] = &[
 /// The definition of `name`, if it is a library op.
 pub fn lookup(name: &str) -> Option<&'static LibraryOp> {
     LIBRARY.iter().find(|op| op.name == name)
+}
+
+/// The `k` of `top_k(x, k)`, which must be written as a number.
+fn top_k_count(a: &Args) -> Result<usize, ShapeError> {
+    a.size(1)?
+        .ok_or_else(|| ShapeError::invalid(1, "top_k needs k as an integer literal".to_string()))
 }
