@@ -32,8 +32,9 @@ pub trait Checkpoint: Module {
     fn load_safetensors(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let bytes = read_file(path)?;
-        let loaded =
-            read_params(self, &bytes).map_err(|message| checkpoint_error(path, message))?;
+        let loaded = deserialize(&bytes)
+            .and_then(|st| read_params(self, &st))
+            .map_err(|message| checkpoint_error(path, message))?;
         let mut it = loaded.into_iter();
         self.visit_params_mut("", &mut |_, t| {
             if let Some(new) = it.next() {
@@ -46,12 +47,12 @@ pub trait Checkpoint: Module {
 
 impl<M: Module> Checkpoint for M {}
 
-/// Every parameter of `model` read from `bytes`, in visit order, or why the file is unusable.
+/// Every parameter of `model` read from the parsed file `st`, in visit order, or why the file
+/// is unusable.
 pub(crate) fn read_params<M: Module + ?Sized>(
     model: &M,
-    bytes: &[u8],
+    st: &SafeTensors<'_>,
 ) -> std::result::Result<Vec<Tensor>, String> {
-    let st = deserialize(bytes)?;
     let wanted = model_params(model);
     let mut out = Vec::with_capacity(wanted.len());
     for (name, shape) in &wanted {

@@ -120,8 +120,8 @@ pub fn load_training<M: Module, O: Optimizer>(
             "expected a training checkpoint (metadata `{FORMAT_KEY}: {FORMAT}`), found a file without one: weights alone cannot resume a run (load them with `load_safetensors`)"
         )));
     }
-    let params = read_params(model, &bytes).map_err(bad)?;
     let st = deserialize(&bytes).map_err(bad)?;
+    let params = read_params(model, &st).map_err(bad)?;
     let mut shapes = HashMap::new();
     model.visit_params("", &mut |name, t| {
         shapes.insert(name.to_string(), t.shape().to_vec());

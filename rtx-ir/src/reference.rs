@@ -19,6 +19,13 @@
 // order matters more than size; it shrinks as composite ops become library compositions,
 // which need no reference of their own.
 
+// One file on purpose for the most part: `eval` is a single exhaustive `match` over `Op`, so
+// a new core op does not compile until its meaning is written, and the helpers every op
+// shares (broadcasting, reductions, windows) sit beside it. Ops with a reference of their own
+// length and no shared helpers live in `reference/` (attention, top-k).
+mod attention;
+mod top_k;
+
 use crate::dim::{Atom, Dim};
 use crate::graph::Graph;
 use crate::op::{DType, Op};
@@ -438,123 +445,6 @@ fn argmax_groups(x: &Array, red: &Reduction, what: &str) -> R<Vec<usize>> {
 // ------------------------------------------------------------------------------------------
 
 /// `[.., M, K] @ [.., K, N]` with NumPy broadcasting of the batch dimensions.
-/// Slices, query rows, key rows, width and value width of attention operands, checked.
-fn attention_dims(q: &Array, k: &Array, v: &Array, causal: bool) -> R<[usize; 5]> {
-    let r = q.shape.len();
-    let fits = r >= 2
-        && k.shape.len() == r
-        && v.shape.len() == r
-        && q.shape[..r - 2] == k.shape[..r - 2]
-        && k.shape[..r - 2] == v.shape[..r - 2]
-        && q.shape[r - 1] == k.shape[r - 1]
-        && k.shape[r - 2] == v.shape[r - 2]
-        && (!causal || q.shape[r - 2] == k.shape[r - 2]);
-    if !fits {
-        return Err(format!(
-            "attention operands q {:?}, k {:?}, v {:?} do not fit [.., Tq, D], [.., Tk, D], [.., Tk, Dv]",
-            q.shape, k.shape, v.shape
-        ));
-    }
-    let slices = numel(&q.shape[..r - 2])?;
-    Ok([
-        slices,
-        q.shape[r - 2],
-        k.shape[r - 2],
-        q.shape[r - 1],
-        v.shape[r - 1],
-    ])
-}
-
-/// Softmax weights `[tq, tk]` of one slice (hidden keys get 0).
-fn attention_weights(
-    q: &[f64],
-    k: &[f64],
-    tq: usize,
-    tk: usize,
-    d: usize,
-    causal: bool,
-) -> Vec<f64> {
-    let scale = 1.0 / (d as f64).sqrt();
-    let mut w = vec![0.0; tq * tk];
-    for i in 0..tq {
-        let end = if causal { i + 1 } else { tk };
-        let row = &mut w[i * tk..(i + 1) * tk];
-        for j in 0..end {
-            row[j] = (0..d).map(|c| q[i * d + c] * k[j * d + c]).sum::<f64>() * scale;
-        }
-        let max = row[..end].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let total: f64 = row[..end]
-            .iter_mut()
-            .map(|x| {
-                *x = (*x - max).exp();
-                *x
-            })
-            .sum();
-        row[..end].iter_mut().for_each(|x| *x /= total);
-    }
-    w
-}
-
-fn attention(q: &Array, k: &Array, v: &Array, causal: bool) -> R<Array> {
-    let [slices, tq, tk, d, dv] = attention_dims(q, k, v, causal)?;
-    let mut shape = q.shape.clone();
-    *shape.last_mut().unwrap_or(&mut 0) = dv;
-    let mut data = vec![0.0; slices * tq * dv];
-    for s in 0..slices {
-        let (qs, ks) = (
-            &q.data[s * tq * d..(s + 1) * tq * d],
-            &k.data[s * tk * d..(s + 1) * tk * d],
-        );
-        let vs = &v.data[s * tk * dv..(s + 1) * tk * dv];
-        let w = attention_weights(qs, ks, tq, tk, d, causal);
-        for i in 0..tq {
-            for c in 0..dv {
-                data[(s * tq + i) * dv + c] = (0..tk).map(|j| w[i * tk + j] * vs[j * dv + c]).sum();
-            }
-        }
-    }
-    Ok(Array { shape, data })
-}
-
-/// `[3, ..q]`: the gradients of `attention` for q, k, v (one shape) given the output's `g`.
-fn attention_grad(q: &Array, k: &Array, v: &Array, g: &Array, causal: bool) -> R<Array> {
-    let [slices, t, _, d, _] = attention_dims(q, k, v, causal)?;
-    if q.shape != k.shape || k.shape != v.shape || g.shape != q.shape {
-        return Err(format!(
-            "attention_grad needs q, k, v and g of one shape, found {:?}, {:?}, {:?}, {:?}",
-            q.shape, k.shape, v.shape, g.shape
-        ));
-    }
-    let scale = 1.0 / (d as f64).sqrt();
-    let part = slices * t * d;
-    let mut shape = vec![3];
-    shape.extend(&q.shape);
-    let mut data = vec![0.0; 3 * part];
-    for s in 0..slices {
-        let range = s * t * d..(s + 1) * t * d;
-        let (qs, ks) = (&q.data[range.clone()], &k.data[range.clone()]);
-        let (vs, gs) = (&v.data[range.clone()], &g.data[range]);
-        let w = attention_weights(qs, ks, t, t, d, causal);
-        let o = s * t * d;
-        for i in 0..t {
-            // dW = g v^T; dS = W * (dW - sum_j W dW)
-            let dw: Vec<f64> = (0..t)
-                .map(|j| (0..d).map(|c| gs[i * d + c] * vs[j * d + c]).sum())
-                .collect();
-            let dot: f64 = (0..t).map(|j| w[i * t + j] * dw[j]).sum();
-            for j in 0..t {
-                let ds = w[i * t + j] * (dw[j] - dot) * scale;
-                for c in 0..d {
-                    data[o + i * d + c] += ds * ks[j * d + c];
-                    data[part + o + j * d + c] += ds * qs[i * d + c];
-                    data[2 * part + o + j * d + c] += w[i * t + j] * gs[i * d + c];
-                }
-            }
-        }
-    }
-    Ok(Array { shape, data })
-}
-
 fn matmul(a: &Array, b: &Array) -> R<Array> {
     let (ra, rb) = (a.shape.len(), b.shape.len());
     if ra < 2 || rb < 2 {
@@ -632,77 +522,6 @@ fn pick(x: &Array, ids: &Array) -> R<Array> {
 }
 
 /// Index of the largest value along `axis` (removed), the first on ties, NaN the largest.
-/// Each row's positions of its `k` largest values: largest first, NaN first of all, equal
-/// values by position.
-fn top_k_positions(x: &Array, k: usize) -> R<(usize, Vec<Vec<usize>>)> {
-    let Some(&n) = x.shape.last() else {
-        return Err("top_k needs a last axis, found a scalar".into());
-    };
-    if k == 0 || k > n {
-        return Err(format!(
-            "top_k: k = {k} must be between 1 and the last axis' {n}"
-        ));
-    }
-    let order = |row: &[f64], a: usize, b: usize| {
-        let (p, q) = (row[a], row[b]);
-        match (p.is_nan(), q.is_nan()) {
-            (true, true) => a.cmp(&b),
-            (true, false) => std::cmp::Ordering::Less,
-            (false, true) => std::cmp::Ordering::Greater,
-            (false, false) => q
-                .partial_cmp(&p)
-                .unwrap_or(std::cmp::Ordering::Equal)
-                .then(a.cmp(&b)),
-        }
-    };
-    let rows = x
-        .data
-        .chunks(n.max(1))
-        .map(|row| {
-            let mut idx: Vec<usize> = (0..n).collect();
-            idx.sort_by(|&a, &b| order(row, a, b));
-            idx.truncate(k);
-            idx
-        })
-        .collect();
-    Ok((n, rows))
-}
-
-fn top_k(x: &Array, k: usize, indices: bool) -> R<Array> {
-    let (n, rows) = top_k_positions(x, k)?;
-    let mut shape = x.shape.clone();
-    *shape.last_mut().unwrap_or(&mut 0) = k;
-    let data = rows
-        .iter()
-        .enumerate()
-        .flat_map(|(r, idx)| {
-            idx.iter()
-                .map(move |&j| if indices { j as f64 } else { x.data[r * n + j] })
-        })
-        .collect();
-    Ok(Array { shape, data })
-}
-
-fn top_k_grad(x: &Array, g: &Array, k: usize) -> R<Array> {
-    let (n, rows) = top_k_positions(x, k)?;
-    if g.data.len() != rows.len() * k {
-        return Err(format!(
-            "top_k_grad: g {:?} does not fit top-{k} of {:?}",
-            g.shape, x.shape
-        ));
-    }
-    let mut data = vec![0.0; x.data.len()];
-    for (r, idx) in rows.iter().enumerate() {
-        for (i, &j) in idx.iter().enumerate() {
-            data[r * n + j] = g.data[r * k + i];
-        }
-    }
-    Ok(Array {
-        shape: x.shape.clone(),
-        data,
-    })
-}
-
 fn argmax(x: &Array, axis: usize) -> R<Array> {
     let Some(&n) = x.shape.get(axis) else {
         return Err(format!(
@@ -1394,8 +1213,8 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         }
 
         Op::MatMul => matmul(x(0), x(1)),
-        Op::Attention { causal } => attention(x(0), x(1), x(2), *causal),
-        Op::AttentionGrad { causal } => attention_grad(x(0), x(1), x(2), x(3), *causal),
+        Op::Attention { causal } => attention::attention(x(0), x(1), x(2), *causal),
+        Op::AttentionGrad { causal } => attention::attention_grad(x(0), x(1), x(2), x(3), *causal),
         Op::Conv2d { stride, padding } => conv2d(x(0), x(1), *stride, *padding),
         Op::MaxPool2d {
             kernel,
@@ -1410,9 +1229,9 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         Op::Embedding => embedding(x(0), x(1)),
         Op::Pick => pick(x(0), x(1)),
         Op::ArgMax { axis } => argmax(x(0), *axis),
-        Op::TopK { k } => top_k(x(0), *k, false),
-        Op::TopKIndices { k } => top_k(x(0), *k, true),
-        Op::TopKGrad { k } => top_k_grad(x(0), x(1), *k),
+        Op::TopK { k } => top_k::top_k(x(0), *k, false),
+        Op::TopKIndices { k } => top_k::top_k(x(0), *k, true),
+        Op::TopKGrad { k } => top_k::top_k_grad(x(0), x(1), *k),
         Op::Positions { axis } => {
             let Some(&n) = x(0).shape.get(*axis) else {
                 return Err(format!(

@@ -4,7 +4,7 @@
 //! gradient back to the position it came from.
 
 use super::check::{self, KResult, KernelError};
-use super::strided::to_contiguous;
+use super::strided::contiguous_cow;
 use crate::layout::Layout;
 use std::borrow::Cow;
 use std::cmp::Ordering;
@@ -41,12 +41,7 @@ fn rows<'a>(
             detail: format!("k = {k} must be between 1 and the last axis' {n}"),
         });
     }
-    let data = if l.is_contiguous() {
-        Cow::Borrowed(&x[l.offset..l.offset + l.numel()])
-    } else {
-        Cow::Owned(to_contiguous(x, l)?)
-    };
-    Ok((data, n))
+    Ok((contiguous_cow(x, l), n))
 }
 
 /// Positions of the `k` largest values of `row`, in output order.
@@ -88,11 +83,7 @@ pub fn top_k_grad(x: &[f32], lx: &Layout, g: &[f32], lg: &Layout, k: usize) -> K
     check::shapes(K, lg.shape[..] == want[..], || {
         format!("g is {:?}, top-k of x gives {:?}", &lg.shape[..], want)
     })?;
-    let g = if lg.is_contiguous() {
-        Cow::Borrowed(&g[lg.offset..lg.offset + lg.numel()])
-    } else {
-        Cow::Owned(to_contiguous(g, lg)?)
-    };
+    let g = contiguous_cow(g, lg);
     let mut out = crate::pool::take(data.len());
     out.fill(0.0);
     let mut order = Vec::with_capacity(n);
