@@ -78,6 +78,10 @@ enum Command {
         /// gpt: stop after this step (the schedule still spans --steps); resume later.
         #[arg(long)]
         stop_after: Option<usize>,
+        /// Mixed precision: matmul, linear, conv and attention operands and results in bf16
+        /// or f16 (f32 accumulation, f32 master weights; f16 with dynamic loss scaling).
+        #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+        precision: PrecisionArg,
     },
     /// Load weights from a safetensors file and report held-out accuracy.
     Eval {
@@ -125,6 +129,23 @@ enum Format {
     Text,
     Json,
     Dot,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PrecisionArg {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl From<PrecisionArg> for Precision {
+    fn from(p: PrecisionArg) -> Precision {
+        match p {
+            PrecisionArg::F32 => Precision::F32,
+            PrecisionArg::Bf16 => Precision::Bf16,
+            PrecisionArg::F16 => Precision::F16,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -198,8 +219,11 @@ fn print_graph(ir: rtx_core::ir::ModelIr, format: Format) -> Result<()> {
 
 fn train_gpt_and_report(cfg: &GptConfig, save: Option<PathBuf>) -> Result<()> {
     println!(
-        "training gpt on the embedded Shakespeare corpus (seed {}, {} steps, batch {})",
-        cfg.seed, cfg.steps, cfg.batch
+        "training gpt on the embedded Shakespeare corpus (seed {}, {} steps, batch {}, {} products)",
+        cfg.seed,
+        cfg.steps,
+        cfg.batch,
+        cfg.precision.name()
     );
     if let Some(path) = &cfg.resume {
         println!("resuming from {}", path.display());
@@ -223,6 +247,12 @@ fn train_gpt_and_report(cfg: &GptConfig, save: Option<PathBuf>) -> Result<()> {
             Ok(()) => println!("loss plot: {}", png.display()),
             Err(e) => eprintln!("warning: no loss plot: {e}"),
         }
+    }
+    if cfg.precision == Precision::F16 {
+        println!(
+            "f16 loss scaling: {} of {} steps skipped (gradient overflow)",
+            r.skipped_steps, r.steps
+        );
     }
     if let Some(path) = &cfg.checkpoint {
         println!("training checkpoint (step {}): {}", r.steps, path.display());
@@ -267,6 +297,7 @@ fn main() -> ExitCode {
                 seed: 0,
                 progress: true,
                 verbose: true,
+                precision: Precision::F32,
             },
             None,
         ),
@@ -285,6 +316,7 @@ fn main() -> ExitCode {
             checkpoint_every,
             resume,
             stop_after,
+            precision,
             ..
         }) => {
             let d = GptConfig::default();
@@ -303,6 +335,7 @@ fn main() -> ExitCode {
                     checkpoint_every: checkpoint_every.max(1),
                     resume,
                     stop_after,
+                    precision: precision.into(),
                     ..d
                 },
                 save,
@@ -313,6 +346,7 @@ fn main() -> ExitCode {
             epochs,
             seed,
             save,
+            precision,
             ..
         }) => train_and_report(
             model,
@@ -321,6 +355,7 @@ fn main() -> ExitCode {
                 seed,
                 progress: true,
                 verbose: true,
+                precision: precision.into(),
             },
             save,
         ),

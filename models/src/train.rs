@@ -7,7 +7,7 @@ use crate::mlp::Mlp;
 use indicatif::{ProgressBar, ProgressStyle};
 use rtx_core::prelude::*;
 use rtx_core::schedule::{Cosine, Schedule};
-use rtx_core::train::train_step;
+use rtx_core::train::{train_step, train_step_scaled};
 use std::time::Instant;
 
 /// The held-out split is fixed, whatever the training seed, so runs are comparable.
@@ -52,6 +52,8 @@ pub struct TrainConfig {
     pub progress: bool,
     /// Print one line per epoch.
     pub verbose: bool,
+    /// The precision of products (`Ctx::with_precision`); f16 scales the loss.
+    pub precision: Precision,
 }
 
 #[derive(Clone, Debug)]
@@ -147,7 +149,8 @@ pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
     let mut model = M::init(cfg.seed);
     let mut opt = Adam::new(lr);
     let mut rng = Rng::new(cfg.seed ^ 0x5EED);
-    let mut ctx = Ctx::train(cfg.seed);
+    let mut ctx = Ctx::train(cfg.seed).with_precision(cfg.precision);
+    let mut scaler = (cfg.precision == Precision::F16).then(LossScaler::new);
     let start = Instant::now();
     let batches = train_set.len.div_ceil(batch);
     let bar = if cfg.progress {
@@ -177,7 +180,13 @@ pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
             let (x, y) = train_set.batch(chunk);
             let x = Tensor::from_vec(x, &M::input_shape(chunk.len()))?;
             let y = Tensor::from_i64(y, &[chunk.len()])?;
-            let loss = train_step(&mut model, &mut opt, &mut ctx, (&x, &y), epoch_lr, None)?;
+            let batch = (&x, &y);
+            let loss = match scaler.as_mut() {
+                Some(s) => {
+                    train_step_scaled(&mut model, &mut opt, &mut ctx, batch, epoch_lr, None, s)?.0
+                }
+                None => train_step(&mut model, &mut opt, &mut ctx, batch, epoch_lr, None)?,
+            };
             total += loss as f64 * chunk.len() as f64;
             bar.inc(1);
         }

@@ -10,7 +10,7 @@ use rtx_core::batches::TokenBatches;
 use rtx_core::prelude::*;
 use rtx_core::resume::{TrainingMeta, load_training, save_training};
 use rtx_core::schedule::{Schedule, WarmupCosine};
-use rtx_core::train::train_step;
+use rtx_core::train::{train_step, train_step_scaled};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -41,6 +41,9 @@ pub struct GptConfig {
     pub resume: Option<PathBuf>,
     /// Stop after this step, as if interrupted (the schedule still spans `steps`).
     pub stop_after: Option<usize>,
+    /// The precision of products (`Ctx::with_precision`): f32, or bf16 / f16 with f32
+    /// master weights; f16 runs with dynamic loss scaling (`LossScaler`).
+    pub precision: Precision,
 }
 
 impl Default for GptConfig {
@@ -60,6 +63,7 @@ impl Default for GptConfig {
             checkpoint_every: 500,
             resume: None,
             stop_after: None,
+            precision: Precision::F32,
         }
     }
 }
@@ -86,6 +90,8 @@ pub struct GptReport {
     pub curve: Vec<CurvePoint>,
     /// The training loss of every step this run took (after a resume, from there on).
     pub losses: Vec<f32>,
+    /// f16: steps skipped because a gradient overflowed the loss scale (the whole run's).
+    pub skipped_steps: u64,
 }
 
 /// Mean loss over `batches` (each weighted by its size).
@@ -117,6 +123,8 @@ struct Progress {
     window_loss: f64,
     window_steps: usize,
     val_loss: f32,
+    /// f16: the loss scaler's state.
+    scaler: Option<LossScaler>,
 }
 
 impl Progress {
@@ -136,7 +144,14 @@ impl Progress {
             .set("config.lr", cfg.lr)
             .set("config.warmup", cfg.warmup)
             .set("config.seed", cfg.seed)
-            .set("config.context", CONTEXT);
+            .set("config.context", CONTEXT)
+            .set("config.precision", cfg.precision.name());
+        if let Some(scaler) = &self.scaler {
+            let (scale, good, skipped) = scaler.state();
+            m.set("loss_scale", scale)
+                .set("loss_scale.good_steps", good)
+                .set("loss_scale.skipped", skipped);
+        }
         m
     }
 
@@ -157,6 +172,26 @@ impl Progress {
         same("config.warmup", "warm-up", cfg.warmup.to_string())?;
         same("config.seed", "--seed", cfg.seed.to_string())?;
         same("config.context", "context", CONTEXT.to_string())?;
+        // Checkpoints from before mixed precision ran at f32.
+        let precision = m.raw("config.precision").unwrap_or("f32");
+        if precision != cfg.precision.name() {
+            return Err(RtxError::Invalid(format!(
+                "cannot resume: the checkpoint's run used --precision {precision}, this one {}; resume with the same settings",
+                cfg.precision.name()
+            )));
+        }
+        let scaler = match cfg.precision {
+            Precision::F16 => {
+                let mut scaler = LossScaler::new();
+                scaler.set_state(
+                    m.get("loss_scale")?,
+                    m.get("loss_scale.good_steps")?,
+                    m.get("loss_scale.skipped")?,
+                )?;
+                Some(scaler)
+            }
+            _ => None,
+        };
         Ok(Progress {
             step: m.get("step")?,
             epoch: m.get("epoch")?,
@@ -167,6 +202,7 @@ impl Progress {
             window_loss: m.get("window_loss")?,
             window_steps: m.get("window_steps")?,
             val_loss: m.get("val_loss")?,
+            scaler,
         })
     }
 }
@@ -190,10 +226,12 @@ pub fn train_gpt_on(
         warmup: cfg.warmup,
         steps: cfg.steps,
     };
-    let mut ctx = Ctx::train(cfg.seed);
+    let mut ctx = Ctx::train(cfg.seed).with_precision(cfg.precision);
     let mut at = Progress {
         rng: ctx.rng_state(),
         val_loss: f32::NAN,
+        // bf16 has f32's range: like PyTorch, only f16 scales the loss.
+        scaler: (cfg.precision == Precision::F16).then(LossScaler::new),
         ..Progress::default()
     };
     let mut epoch_batches = Vec::new().into_iter();
@@ -245,7 +283,13 @@ pub fn train_gpt_on(
         };
         at.position += 1;
         let lr = schedule.lr(at.step);
-        let loss = train_step(&mut model, &mut opt, &mut ctx, (&x, &y), lr, Some(1.0))?;
+        let batch = (&x, &y);
+        let loss = match at.scaler.as_mut() {
+            Some(scaler) => {
+                train_step_scaled(&mut model, &mut opt, &mut ctx, batch, lr, Some(1.0), scaler)?.0
+            }
+            None => train_step(&mut model, &mut opt, &mut ctx, batch, lr, Some(1.0))?,
+        };
         at.seconds += started.elapsed().as_secs_f64();
         at.tokens += x.numel();
         at.window_loss += loss as f64;
@@ -298,6 +342,7 @@ pub fn train_gpt_on(
         seconds: at.seconds,
         curve,
         losses,
+        skipped_steps: at.scaler.as_ref().map_or(0, |s| s.skipped_steps()),
     };
     Ok((model, report))
 }

@@ -58,6 +58,7 @@ fn gpt_gradients_match_the_f64_reference() {
     let ctx = RefCtx {
         env: &env,
         train: false,
+        autocast: rtx_core::ir::AutocastMode::OFF,
         seed: 0,
     };
     let values = reference::run(

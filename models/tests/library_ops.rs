@@ -62,6 +62,7 @@ fn reference_values(
     let ctx = RefCtx {
         env: &env,
         train: false,
+        autocast: rtx_core::ir::AutocastMode::OFF,
         seed: 0,
     };
     let values = reference::run(&f.graph, inputs, &|n| params.get(n).cloned(), &ctx).unwrap();

@@ -171,6 +171,7 @@ fn reference_values_in(
         &RefCtx {
             env: &env,
             train,
+            autocast: rtx_core::ir::AutocastMode::OFF,
             seed,
         },
     )

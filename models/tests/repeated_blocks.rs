@@ -169,6 +169,7 @@ fn gradients_through_repeated_blocks_match_the_f64_reference() {
     let ctx = RefCtx {
         env: &env,
         train: false,
+        autocast: rtx_core::ir::AutocastMode::OFF,
         seed: 0,
     };
     let values = reference::run(

@@ -15,6 +15,7 @@ fn config(epochs: usize, seed: u64) -> TrainConfig {
         seed,
         progress: false,
         verbose: false,
+        precision: rtx_core::Precision::F32,
     }
 }
 

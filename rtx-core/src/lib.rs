@@ -9,6 +9,7 @@
 
 extern crate self as rtx_core;
 
+pub mod amp;
 pub mod batches;
 pub mod bind;
 pub mod checkpoint;
@@ -29,11 +30,13 @@ pub mod schedule;
 pub mod tensor;
 pub mod train;
 
+pub use amp::LossScaler;
 pub use ctx::Ctx;
 pub use error::{Result, RtxError};
 pub use layers::{Conv2d, Embedding, LayerNorm, Linear, Param1, Param2, Param3, Param4};
 pub use module::{Grads, Module, join_name, with_name};
 pub use rng::Rng;
+pub use rtx_ir::Precision;
 pub use tensor::{DType, Tensor};
 pub use train::Model;
 
@@ -52,8 +55,8 @@ pub mod prelude {
     pub use crate::optim::{Adam, AdamW, Optimizer, Sgd};
     pub use crate::train::Model;
     pub use crate::{
-        Conv2d, Ctx, DType, Embedding, Grads, LayerNorm, Linear, Module, Param1, Param2, Param3,
-        Param4,
+        Conv2d, Ctx, DType, Embedding, Grads, LayerNorm, Linear, LossScaler, Module, Param1,
+        Param2, Param3, Param4, Precision,
     };
     pub use crate::{Result, Rng, RtxError, Tensor};
     pub use crate::{graph, model};

@@ -177,6 +177,11 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         }
         Op::Const { value } => Tensor::scalar(*value as f32),
         Op::StopGradient => a(0).clone(),
+        Op::Autocast | Op::AutocastGrad if ctx.precision() == rtx_ir::Precision::F32 => {
+            a(0).clone()
+        }
+        Op::Autocast => unary(op, a(0), UnaryOp::Autocast(ctx.rounding()))?,
+        Op::AutocastGrad => unary(op, a(0), UnaryOp::AutocastGrad(ctx.rounding()))?,
         Op::Neg => unary(op, a(0), UnaryOp::Neg)?,
         Op::Relu => unary(op, a(0), UnaryOp::Relu)?,
         Op::Gelu => unary(op, a(0), UnaryOp::Gelu)?,

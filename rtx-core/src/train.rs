@@ -3,6 +3,7 @@
 //! any such model ([`train_step`], [`mean_loss`]), so training code is written once, not per
 //! model. Schedules and clipping are in `schedule.rs`, batching in `batches.rs`.
 
+use crate::amp::LossScaler;
 use crate::ctx::Ctx;
 use crate::error::{Result, RtxError};
 use crate::module::{Grads, Module};
@@ -46,6 +47,40 @@ pub fn train_step<M: Model, O: Optimizer>(
     optimizer.set_lr(lr);
     optimizer.step(model, &grads)?;
     Ok(loss)
+}
+
+/// One mixed-precision step: [`train_step`] with the loss scale of `scaler` (set in `ctx`
+/// before the pass, updated after). Returns the loss and whether the step was taken: a step
+/// whose gradients overflowed the scale is skipped (the parameters and the optimizer state
+/// are unchanged, `scaler.skipped_steps()` counts it) and the scale halves. A loss that is
+/// not finite is still an error: the forward pass overflowed, which no loss scale repairs.
+pub fn train_step_scaled<M: Model, O: Optimizer>(
+    model: &mut M,
+    optimizer: &mut O,
+    ctx: &mut Ctx,
+    (x, y): (&Tensor, &Tensor),
+    lr: f32,
+    clip: Option<f32>,
+    scaler: &mut LossScaler,
+) -> Result<(f32, bool)> {
+    scaler.prepare(ctx)?;
+    let (loss, mut grads) = model.loss_and_grads(ctx, x, y)?;
+    let loss = loss.item()?;
+    if !loss.is_finite() {
+        return Err(RtxError::Invalid(format!(
+            "the training loss is {loss} at {} precision: the parameters were not updated (an f16 forward pass past 65504 overflows; try bf16, or a lower learning rate)",
+            ctx.precision().name()
+        )));
+    }
+    if !scaler.update(&grads)? {
+        return Ok((loss, false));
+    }
+    if let Some(max_norm) = clip {
+        clip_grad_norm(&mut grads, max_norm)?;
+    }
+    optimizer.set_lr(lr);
+    optimizer.step(model, &grads)?;
+    Ok((loss, true))
 }
 
 /// The mean of `loss` over `batches` in evaluation mode, each batch weighted by its number of

@@ -33,6 +33,7 @@ fn check_with(op: &Op, args: &[&Tensor], atol: f64, rtol: f64) {
         &RefCtx {
             env: &env,
             train: false,
+            autocast: rtx_ir::AutocastMode::OFF,
             seed: 0,
         },
     )
@@ -114,6 +115,7 @@ fn test_of(op: &Op) -> Option<&'static str> {
     Some(match op {
         Op::Input { .. } | Op::Param { .. } => return None,
         Op::Const { .. } => "const_matches_reference",
+        Op::Autocast | Op::AutocastGrad => "autocast_ops_match_reference_at_every_precision",
         Op::StopGradient
         | Op::Neg
         | Op::Relu
@@ -248,6 +250,47 @@ fn unary_ops_match_reference() {
         Op::Exp,
     ] {
         check(&op, &[&x]);
+    }
+}
+
+#[test]
+fn autocast_ops_match_reference_at_every_precision() {
+    use rtx_ir::{AutocastMode, Precision};
+    let mut rng = Rng::new(11);
+    // Values spanning f16's subnormals, normals and overflow once scaled.
+    let x = rng.tensor_in(&[4, 9], -3.0, 3.0);
+    let tiny = x.mul(&Tensor::scalar(1e-6)).expect("scales");
+    for precision in [Precision::F32, Precision::Bf16, Precision::F16] {
+        for loss_scale in [1.0f32, 4096.0] {
+            let mut ctx = Ctx::eval().with_precision(precision);
+            ctx.set_loss_scale(loss_scale).expect("a power of two");
+            for op in [Op::Autocast, Op::AutocastGrad] {
+                for v in [&x, &tiny] {
+                    let got = run_op(&op, &[v], &mut ctx).expect("runs");
+                    let env = HashMap::new();
+                    let want = reference::eval(
+                        &op,
+                        &[&to_array(v)],
+                        &RefCtx {
+                            env: &env,
+                            train: false,
+                            autocast: AutocastMode {
+                                precision,
+                                loss_scale,
+                            },
+                            seed: 0,
+                        },
+                    )
+                    .expect("reference");
+                    // The same rounding of the same f32 values: equal to the last bit.
+                    assert_eq!(
+                        to_array(&got).data,
+                        want.data,
+                        "{op:?} {precision:?} x{loss_scale}"
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -845,6 +888,7 @@ fn train_mode_dropout_mask_has_the_reference_bits() {
         &RefCtx {
             env: &env,
             train: true,
+            autocast: rtx_ir::AutocastMode::OFF,
             seed,
         },
     )

@@ -152,6 +152,11 @@ fn vjp(
         | Op::ArgMax { .. }
         | Op::TopKIndices { .. } => Ok(vec![None; node.args.len()]),
         Op::TopK { k } => one(b.op(Op::TopKGrad { k: *k }, &[x(0), g]).map_err(e)?),
+        // A parameter's gradient is kept in f32, as the GEMM accumulated it (Megatron-LM's
+        // fused weight-gradient accumulation does the same): the master weights get every bit,
+        // and the weight gradient's GEMM keeps the bias gradient's sums fused in.
+        Op::Autocast if matches!(b.g.node(x(0)).op, Op::Param { .. }) => one(g),
+        Op::Autocast | Op::AutocastGrad => one(b.op(Op::AutocastGrad, &[g]).map_err(e)?),
         Op::Neg => one(b.neg(g).map_err(e)?),
         // relu(x) > 0 exactly where x > 0: reading the output keeps the pre-activation from
         // being stored for the backward pass (a matmul epilogue then writes one buffer, not two).

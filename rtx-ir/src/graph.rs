@@ -30,6 +30,14 @@ pub struct Graph {
 impl Graph {
     /// Appends `op(args)` after checking its shape rule.
     pub fn push(&mut self, op: Op, args: &[NodeId], u: &mut Unifier) -> Result<NodeId, ShapeError> {
+        // Rounding twice to one precision is rounding once: an operand that is already the
+        // rounded result of a product (q, k, v from their Linear layers) is not rounded again.
+        if matches!(op, Op::Autocast | Op::AutocastGrad)
+            && let [a] = args
+            && self.nodes.get(*a).is_some_and(|n| n.op == op)
+        {
+            return Ok(*a);
+        }
         let arg_info: Vec<(&Shape, DType)> = args
             .iter()
             .map(|&a| (&self.nodes[a].shape, self.nodes[a].dtype))

@@ -436,6 +436,8 @@ pub fn infer(
         Op::Param { shape, .. } => f32_out(shape.clone()),
         Op::Const { .. } => f32_out(vec![]),
         Op::StopGradient
+        | Op::Autocast
+        | Op::AutocastGrad
         | Op::Neg
         | Op::Relu
         | Op::Gelu

@@ -25,4 +25,4 @@ pub use autodiff::{differentiate, float_leaves};
 pub use dim::{Atom, Dim};
 pub use graph::{GradOf, Graph, GraphFn, IR_VERSION, ModelIr, Node, NodeId};
 pub use infer::{Obligation, ShapeError, ShapeErrorKind, Unifier, broadcast, fmt_shape, infer};
-pub use op::{Cmp, DType, Op, OpDef, OpKind, Shape};
+pub use op::{AutocastMode, Cmp, DType, Op, OpDef, OpKind, Precision, Shape};

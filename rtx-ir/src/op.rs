@@ -55,6 +55,65 @@ impl Cmp {
     }
 }
 
+/// The precision a graph call computes its products at: what `Op::Autocast` rounds to.
+///
+/// Mixed precision in rtx follows PyTorch's autocast: parameters stay f32 (the master
+/// weights the optimizer updates), and every operand and result of a matmul, linear,
+/// convolution and attention is rounded to the low-precision type, with f32 accumulation
+/// inside; normalization, softmax, losses and the residual stream stay f32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Precision {
+    #[default]
+    F32,
+    /// bfloat16: 8 exponent bits (f32's range), 8 significant bits.
+    Bf16,
+    /// IEEE half: 5 exponent bits (largest finite 65504, smallest normal 2^-14), 11
+    /// significant bits; gradients need loss scaling to stay in range.
+    F16,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+            Precision::F16 => "f16",
+        }
+    }
+
+    /// Parses `f32`, `bf16` or `f16`.
+    pub fn parse(s: &str) -> Option<Precision> {
+        match s {
+            "f32" => Some(Precision::F32),
+            "bf16" => Some(Precision::Bf16),
+            "f16" => Some(Precision::F16),
+            _ => None,
+        }
+    }
+}
+
+/// What `Autocast` and `AutocastGrad` do in one call: the precision, and the loss scale
+/// (a power of two) that gradients are multiplied by before they are rounded.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AutocastMode {
+    pub precision: Precision,
+    pub loss_scale: f32,
+}
+
+impl AutocastMode {
+    /// f32 throughout: both ops are the identity.
+    pub const OFF: AutocastMode = AutocastMode {
+        precision: Precision::F32,
+        loss_scale: 1.0,
+    };
+}
+
+impl Default for AutocastMode {
+    fn default() -> Self {
+        AutocastMode::OFF
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Op {
     // --- leaves --------------------------------------------------------------------------
@@ -76,6 +135,10 @@ pub enum Op {
     },
 
     // --- elementwise ---------------------------------------------------------------------
+    /// `x` rounded to the nearest value of the call's precision (`AutocastMode`; round to
+    /// nearest even, overflow to infinity), kept in f32: the identity at f32. The lowering
+    /// puts it on the operands and results of products (see `Precision`).
+    Autocast,
     /// The identity, through which no gradient flows (`detach`, JAX's `stop_gradient`):
     /// softmax's row max is shifted out without a gradient, as it cancels exactly.
     StopGradient,
@@ -204,6 +267,13 @@ pub enum Op {
     BroadcastTo,
 
     // --- backward-only ops -----------------------------------------------------------------
+    /// The backward of `Autocast`: `g` stored at the call's precision, as the gradient of a
+    /// half-precision value is. With loss scale `S` it is `round(g * S) / S`: a gradient
+    /// scaled by `S` from the loss down (every vector-Jacobian product is linear in `g`, and
+    /// a power of two scales f32 exactly) differs from an unscaled one only where it is
+    /// rounded, so the scale is applied there and the gradients come out unscaled. An
+    /// overflow is an infinity in the gradients, which `LossScaler` detects.
+    AutocastGrad,
     /// `(g, like) -> g` summed down to `like`'s shape (inverse of broadcasting).
     SumTo,
     /// `(x, g) -> g * (x > 0)`.
@@ -313,6 +383,8 @@ impl Op {
             Op::Param { .. } => def("param", 0, Leaf, 0.0),
             Op::Const { .. } => def("const", 0, Leaf, 0.0),
             Op::StopGradient => def("stop_gradient", 1, Elementwise, 0.0),
+            Op::Autocast => def("autocast", 1, Elementwise, 1.0),
+            Op::AutocastGrad => def("autocast_grad", 1, Elementwise, 2.0),
             Op::Neg => def("neg", 1, Elementwise, 1.0),
             Op::Relu => def("relu", 1, Elementwise, 1.0),
             Op::Gelu => def("gelu", 1, Elementwise, 20.0),

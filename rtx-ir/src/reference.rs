@@ -28,7 +28,7 @@ mod top_k;
 
 use crate::dim::{Atom, Dim};
 use crate::graph::Graph;
-use crate::op::{DType, Op};
+use crate::op::{AutocastMode, DType, Op, Precision};
 use std::collections::HashMap;
 
 /// A dense row-major float64 array. Integer tensors (labels, ids) hold integral values.
@@ -83,6 +83,8 @@ pub struct RefCtx<'a> {
     pub env: &'a HashMap<String, i64>,
     /// Training mode: `DropoutMask` drops elements only when true.
     pub train: bool,
+    /// What `Autocast` and `AutocastGrad` round to (`AutocastMode::OFF`: nothing).
+    pub autocast: AutocastMode,
     /// Seed of the dropout hash (see [`dropout_uniform`]) for `eval`; `run` treats it as the
     /// seed of a stream and gives each dropout node the next value, like `Ctx::train(seed)`.
     pub seed: u64,
@@ -247,6 +249,17 @@ fn index_value(v: f64, bound: usize, what: &str, pos: usize) -> R<usize> {
 // ------------------------------------------------------------------------------------------
 // Elementwise
 // ------------------------------------------------------------------------------------------
+
+/// `v` rounded to the nearest value of `precision` (to nearest even; past the largest finite
+/// value, infinity), by the `half` crate's conversions: an implementation independent of the
+/// kernels' bit manipulation.
+pub fn round_to(v: f64, precision: Precision) -> f64 {
+    match precision {
+        Precision::F32 => v,
+        Precision::Bf16 => half::bf16::from_f64(v).to_f64(),
+        Precision::F16 => half::f16::from_f64(v).to_f64(),
+    }
+}
 
 fn unary(x: &Array, f: impl Fn(f64) -> f64) -> Array {
     Array {
@@ -1148,6 +1161,13 @@ pub fn eval(op: &Op, args: &[&Array], ctx: &RefCtx) -> Result<Array, String> {
         Op::Const { value } => Ok(Array::scalar(*value)),
 
         Op::StopGradient => Ok(x(0).clone()),
+        Op::Autocast => Ok(unary(x(0), |v| round_to(v, ctx.autocast.precision))),
+        Op::AutocastGrad => {
+            let scale = ctx.autocast.loss_scale as f64;
+            Ok(unary(x(0), |g| {
+                round_to(g * scale, ctx.autocast.precision) / scale
+            }))
+        }
         Op::Neg => Ok(unary(x(0), |v| -v)),
         Op::Relu => Ok(unary(x(0), relu)),
         Op::Gelu => Ok(unary(x(0), gelu)),
@@ -1408,6 +1428,7 @@ pub fn run(
                 let local = RefCtx {
                     env: &env,
                     train: ctx.train,
+                    autocast: ctx.autocast,
                     seed,
                 };
                 eval(op, &args, &local).map_err(|e| format!("node %{id} ({}): {e}", op.name()))?

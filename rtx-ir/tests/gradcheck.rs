@@ -593,3 +593,10 @@ fn compare_has_zero_gradient() {
         })
     }
 }
+
+#[test]
+fn autocast_at_f32_is_the_identity_and_its_gradient_matches_finite_differences() {
+    // Rounding is piecewise constant, so finite differences see its f32 meaning only; the
+    // rounded gradient at half precision is specified in reference_ops.rs.
+    unary_case(Op::Autocast, false)
+}

@@ -926,3 +926,39 @@ fn causal_attention_needs_as_many_queries_as_keys() {
     assert!(err.contains("as many queries as keys"), "{err}");
     assert!(attend(&mut c, q, k, v, false).is_ok());
 }
+
+#[test]
+fn matmul_rounds_its_operands_and_result_for_mixed_precision_once_each() {
+    let mut c = Case::new(3);
+    let (a, b, d) = (c.random(&[2, 3]), c.random(&[3, 4]), c.random(&[4, 2]));
+    let ab = call(&mut c, "matmul", &[a, b], &[]);
+    // The product's rounded result feeds the next product without a second rounding.
+    let abd = call(&mut c, "matmul", &[ab, d], &[]);
+    let autocasts = |c: &Case| {
+        c.graph
+            .nodes
+            .iter()
+            .filter(|n| n.op == Op::Autocast)
+            .count()
+    };
+    assert_eq!(c.graph.node(abd).op, Op::Autocast);
+    // a, b, a@b, d and the final product.
+    assert_eq!(autocasts(&c), 5, "{}", listing(&c.graph, c.graph.len()));
+}
+
+#[test]
+fn the_gradient_of_a_rounded_value_is_rounded_at_the_calls_precision() {
+    let mut c = Case::new(4);
+    let x = c.random(&[3]);
+    let y = c.op(Op::Autocast, &[x]);
+    let loss = c.op(
+        Op::Sum {
+            axes: vec![0],
+            keepdim: false,
+        },
+        &[y],
+    );
+    let grads = rtx_ir::differentiate(&mut c.graph, loss, &[x]).expect("differentiates");
+    let g = grads[0].grad.expect("x has a gradient");
+    assert_eq!(c.graph.node(g).op, Op::AutocastGrad);
+}

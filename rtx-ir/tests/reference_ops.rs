@@ -16,7 +16,16 @@ fn eval_in(
     train: bool,
     seed: u64,
 ) -> Result<Array, String> {
-    reference::eval(&op, args, &RefCtx { env, train, seed })
+    reference::eval(
+        &op,
+        args,
+        &RefCtx {
+            env,
+            train,
+            autocast: rtx_ir::AutocastMode::OFF,
+            seed,
+        },
+    )
 }
 
 fn eval(op: Op, args: &[&Array]) -> Result<Array, String> {
@@ -671,6 +680,7 @@ fn run_evaluates_every_node_and_binds_symbols_from_inputs() {
     let ctx = RefCtx {
         env: &env,
         train: false,
+        autocast: rtx_ir::AutocastMode::OFF,
         seed: 0,
     };
     let values = reference::run(
@@ -692,6 +702,7 @@ fn run_reports_missing_inputs_and_params() {
     let ctx = RefCtx {
         env: &env,
         train: false,
+        autocast: rtx_ir::AutocastMode::OFF,
         seed: 0,
     };
     let e = reference::run(&g, &[], &|_| None, &ctx).unwrap_err();
@@ -723,6 +734,7 @@ fn run_rejects_an_input_that_does_not_fit_its_declared_shape() {
     let ctx = RefCtx {
         env: &env,
         train: false,
+        autocast: rtx_ir::AutocastMode::OFF,
         seed: 0,
     };
     let e = reference::run(&g, &[arr(&[2, 3], &[0.0; 6])], &|_| None, &ctx).unwrap_err();
@@ -737,6 +749,7 @@ fn run_rejects_a_non_integer_label() {
     let ctx = RefCtx {
         env: &env,
         train: false,
+        autocast: rtx_ir::AutocastMode::OFF,
         seed: 0,
     };
     assert!(reference::run(&g, &[arr(&[2], &[1.0, 0.5])], &|_| None, &ctx).is_err());
@@ -1034,6 +1047,7 @@ fn no_op_panics_on_arbitrary_arguments() {
                     &RefCtx {
                         env: &env,
                         train: true,
+                        autocast: rtx_ir::AutocastMode::OFF,
                         seed: 3,
                     },
                 )
@@ -1106,4 +1120,81 @@ fn positions_count_the_places_along_the_axis() {
         &[0.0, 1.0, 2.0],
     );
     assert_close(&ok(Op::Positions { axis: 0 }, &[&x]), &[2], &[0.0, 1.0]);
+}
+
+fn eval_autocast(op: Op, x: &Array, precision: rtx_ir::Precision, loss_scale: f32) -> Array {
+    let env = HashMap::new();
+    let ctx = RefCtx {
+        env: &env,
+        train: true,
+        autocast: rtx_ir::AutocastMode {
+            precision,
+            loss_scale,
+        },
+        seed: 0,
+    };
+    reference::eval(&op, &[x], &ctx).expect("autocast evaluates")
+}
+
+#[test]
+fn autocast_rounds_to_the_nearest_bf16_with_ties_to_even() {
+    // bf16 keeps 8 significant bits: the step above 1 is 2^-7.
+    let x = arr(
+        &[6],
+        &[
+            1.0,
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            1002.0,
+            1003.0,
+            -0.1,
+        ],
+    );
+    let got = eval_autocast(Op::Autocast, &x, rtx_ir::Precision::Bf16, 1.0);
+    let want = [
+        1.0,
+        1.0,
+        1.0 + 4.0 / 256.0,
+        1000.0,
+        1004.0,
+        -0.100_097_656_25,
+    ];
+    for (g, w) in got.data.iter().zip(want) {
+        assert!((g - w).abs() <= w.abs() * 1e-7, "{g} vs {w}");
+    }
+}
+
+#[test]
+fn autocast_to_f16_overflows_past_65504_and_keeps_subnormals() {
+    let x = arr(&[4], &[65504.0, 65520.0, 3.0e-8, 1.0e-8]);
+    let got = eval_autocast(Op::Autocast, &x, rtx_ir::Precision::F16, 1.0);
+    assert_eq!(got.data[0], 65504.0);
+    assert_eq!(got.data[1], f64::INFINITY);
+    assert_eq!(got.data[2], 2f64.powi(-24), "the smallest subnormal");
+    assert_eq!(got.data[3], 0.0, "below half the smallest subnormal");
+}
+
+#[test]
+fn autocast_at_f32_leaves_values_unchanged() {
+    let x = arr(&[2], &[0.1, 1e-30]);
+    let got = eval_autocast(Op::Autocast, &x, rtx_ir::Precision::F32, 1.0);
+    assert_eq!(got.data, x.data);
+}
+
+#[test]
+fn autocast_grad_rounds_the_scaled_gradient_and_unscales_it() {
+    // 1e-8 is below f16's smallest subnormal (6e-8): lost unscaled, kept at scale 2^16.
+    let g = arr(&[2], &[1e-8, 1.0]);
+    let unscaled = eval_autocast(Op::AutocastGrad, &g, rtx_ir::Precision::F16, 1.0);
+    assert_eq!(unscaled.data, [0.0, 1.0]);
+    let scaled = eval_autocast(Op::AutocastGrad, &g, rtx_ir::Precision::F16, 65536.0);
+    assert!(
+        (scaled.data[0] - 1e-8).abs() < 1e-8 * 1e-3,
+        "{}",
+        scaled.data[0]
+    );
+    // A scaled gradient past 65504 overflows: the loss scaler sees the infinity.
+    let big = arr(&[1], &[2.0]);
+    let over = eval_autocast(Op::AutocastGrad, &big, rtx_ir::Precision::F16, 65536.0);
+    assert_eq!(over.data[0], f64::INFINITY);
 }

@@ -499,6 +499,7 @@ fn emit_fn(
             let __largest: usize = #largest;
             ::rtx_core::parallel::run(__largest, move || {
                 let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
+                let __cast = __ctx.rounding();
                 if __ctx.fusion() {
                     #fwd_fused
                     Ok(#out.clone())
@@ -548,6 +549,7 @@ fn emit_fn(
                 let __largest: usize = #largest;
                 ::rtx_core::parallel::run(__largest, move || {
                     let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
+                let __cast = __ctx.rounding();
                     let mut __grads = ::rtx_core::Grads::new();
                     if __ctx.fusion() {
                         #all_fused

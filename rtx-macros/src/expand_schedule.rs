@@ -183,6 +183,11 @@ fn instr_with(i: &Instr, operand: impl Fn(&Operand) -> TokenStream) -> TokenStre
     let f = format_ident!("{}", i.op.name());
     let args: Vec<TokenStream> = i.args.iter().map(operand).collect();
     match i.op {
+        // The call's rounding, read from the context once per call (`emit_fn`).
+        Pointwise::Autocast | Pointwise::AutocastGrad => {
+            let x = &args[0];
+            quote!(let #t = ::rtx_core::fused::scalar::#f(#x, __cast);)
+        }
         Pointwise::Pow(p) => {
             let p = f32_literal(p);
             let x = &args[0];
@@ -217,6 +222,32 @@ fn bind_outputs(outputs: &[NodeId], call: TokenStream) -> TokenStream {
     }
 }
 
+/// A group that only rounds one value (`Autocast` of a weight or of a value with other
+/// readers, `AutocastGrad` of a gradient): at f32 its output is its input, and the step
+/// passes the tensor on instead of copying it.
+fn rounding_only(body: &[Instr], inputs: &[NodeId], outputs: &[NodeId]) -> bool {
+    inputs.len() == 1
+        && outputs.len() == 1
+        && body
+            .iter()
+            .all(|i| matches!(i.op, Pointwise::Autocast | Pointwise::AutocastGrad))
+}
+
+/// `step` binds `outputs[0]`; when the group only rounds, at f32 the input (`input`, moved
+/// or cloned) takes its place.
+fn unless_f32(outputs: &[NodeId], input: TokenStream, call: TokenStream) -> TokenStream {
+    let (v, r) = (value(outputs[0]), node_ref(outputs[0]));
+    quote! {
+        let #v = if __cast.to == ::rtx_core::fused::scalar::HalfType::None {
+            #input
+        } else {
+            let [__out] = #call?;
+            __out
+        };
+        let #r = &#v;
+    }
+}
+
 /// A fusion group: one closure over the group's inputs, one pass over its shape.
 fn fused(
     ir: &GraphFn,
@@ -228,10 +259,12 @@ fn fused(
     let ins = inputs.iter().map(|&a| node_ref(a));
     let closure = pointwise_closure(inputs.len(), body, outputs);
     let shape = shape_expr(ir, shape_of);
-    bind_outputs(
-        outputs,
-        quote!(::rtx_core::fused::fused([#(#ins),*], #shape, #closure)),
-    )
+    let call = quote!(::rtx_core::fused::fused([#(#ins),*], #shape, #closure));
+    if rounding_only(body, inputs, outputs) {
+        let input = node_ref(inputs[0]);
+        return unless_f32(outputs, quote!(#input.clone()), call);
+    }
+    bind_outputs(outputs, call)
 }
 
 /// A fusion group that writes its first output over `donor`, an input no later step reads
@@ -255,10 +288,12 @@ fn fused_in_place(
     });
     let closure = pointwise_closure(inputs.len(), body, outputs);
     let shape = shape_expr(ir, shape_of);
-    bind_outputs(
-        outputs,
-        quote!(::rtx_core::fused::fused_donating([#(#args),*], #shape, #closure)),
-    )
+    let call = quote!(::rtx_core::fused::fused_donating([#(#args),*], #shape, #closure));
+    if rounding_only(body, inputs, outputs) {
+        let input = value(donor);
+        return unless_f32(outputs, quote!(#input), call);
+    }
+    bind_outputs(outputs, call)
 }
 
 /// A matmul with its pointwise epilogue: one closure over the product's element and the

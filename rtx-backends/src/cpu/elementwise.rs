@@ -23,6 +23,10 @@ pub enum UnaryOp {
     PowScalar(f32),
     AddScalar(f32),
     MulScalar(f32),
+    /// `scalar::autocast`: rounding to a half type, as f32.
+    Autocast(scalar::Rounding),
+    /// `scalar::autocast_grad`: a gradient rounded at a loss scale.
+    AutocastGrad(scalar::Rounding),
 }
 
 /// `op` applied to every element of `x` (read through `l`); a contiguous buffer of `l`'s shape.
@@ -45,6 +49,8 @@ pub fn unary(op: UnaryOp, x: &[f32], l: &Layout) -> KResult<Vec<f32>> {
         UnaryOp::PowScalar(p) => map_strided(x, l, |v| scalar::pow(v, p)),
         UnaryOp::AddScalar(c) => map_strided(x, l, |v| v + c),
         UnaryOp::MulScalar(c) => map_strided(x, l, |v| v * c),
+        UnaryOp::Autocast(r) => map_strided(x, l, |v| scalar::autocast(v, r)),
+        UnaryOp::AutocastGrad(r) => map_strided(x, l, |g| scalar::autocast_grad(g, r)),
     })
 }
 

@@ -12,6 +12,99 @@ pub fn identity(x: f32) -> f32 {
     x
 }
 
+/// The low-precision type autocast rounds to (`rtx_ir::Precision`; this crate knows no IR).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfType {
+    /// No rounding: f32 throughout.
+    None,
+    Bf16,
+    F16,
+}
+
+/// How `autocast` and `autocast_grad` round in one call: the type, and a loss scale (a power
+/// of two, so scaling and unscaling are exact) applied to gradients around their rounding.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rounding {
+    pub to: HalfType,
+    pub scale: f32,
+    pub inv_scale: f32,
+}
+
+impl Rounding {
+    pub const NONE: Rounding = Rounding {
+        to: HalfType::None,
+        scale: 1.0,
+        inv_scale: 1.0,
+    };
+
+    pub fn new(to: HalfType, scale: f32) -> Rounding {
+        Rounding {
+            to,
+            scale,
+            inv_scale: 1.0 / scale,
+        }
+    }
+}
+
+/// `x` rounded to the nearest bf16 (ties to even), as f32: bf16 is f32's upper 16 bits. NaN
+/// stays NaN (adding the rounding bias to a NaN's bits could carry it into an infinity).
+#[inline(always)]
+pub fn round_bf16(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let rounded = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000;
+    if x.is_nan() {
+        x
+    } else {
+        f32::from_bits(rounded)
+    }
+}
+
+/// `x` rounded to the nearest IEEE half (ties to even), as f32: 10 fraction bits down to
+/// 2^-14, a fixed step of 2^-24 below it (subnormals), infinity from 65520 up (the tie
+/// between 65504 and 65536 goes to the even one, which overflows).
+#[inline(always)]
+pub fn round_f16(x: f32) -> f32 {
+    const SMALLEST_NORMAL: f32 = 6.103_515_6e-5; // 2^-14
+    const SUBNORMAL_STEP: f32 = 5.960_464_5e-8; // 2^-24
+    const STEPS_PER_UNIT: f32 = 16_777_216.0; // 2^24
+    // Adding and subtracting 1.5 * 2^23 rounds a value below 2^22 to an integer, ties to even.
+    const ROUNDER: f32 = 12_582_912.0;
+    let a = x.abs();
+    let bits = x.to_bits();
+    let normal = f32::from_bits(bits.wrapping_add(0x0FFF + ((bits >> 13) & 1)) & 0xFFFF_E000);
+    let subnormal = (((a * STEPS_PER_UNIT) + ROUNDER) - ROUNDER) * SUBNORMAL_STEP;
+    if a.is_nan() {
+        x
+    } else if a >= 65_520.0 {
+        f32::INFINITY.copysign(x)
+    } else if a < SMALLEST_NORMAL {
+        subnormal.copysign(x)
+    } else {
+        normal
+    }
+}
+
+/// `Autocast`: `x` at the call's precision.
+#[inline(always)]
+pub fn autocast(x: f32, r: Rounding) -> f32 {
+    match r.to {
+        HalfType::None => x,
+        HalfType::Bf16 => round_bf16(x),
+        HalfType::F16 => round_f16(x),
+    }
+}
+
+/// `AutocastGrad`: `g` as a gradient scaled by the loss scale and stored at the call's
+/// precision, unscaled again (exact: the scale is a power of two).
+#[inline(always)]
+pub fn autocast_grad(g: f32, r: Rounding) -> f32 {
+    match r.to {
+        HalfType::None => g,
+        HalfType::Bf16 => round_bf16(g * r.scale) * r.inv_scale,
+        HalfType::F16 => round_f16(g * r.scale) * r.inv_scale,
+    }
+}
+
 #[inline(always)]
 pub fn neg(x: f32) -> f32 {
     -x

@@ -4,6 +4,7 @@ use rtx_backends::cpu::{
 };
 
 use crate::common::*;
+use rtx_backends::cpu::scalar::{HalfType, Rounding};
 
 fn erf(x: f64) -> f64 {
     libm::erf(x)
@@ -28,10 +29,20 @@ fn unary_reference(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::PowScalar(p) => x.powf(p as f64),
         UnaryOp::AddScalar(c) => x + c as f64,
         UnaryOp::MulScalar(c) => x * c as f64,
+        UnaryOp::Autocast(r) => round(x, r.to),
+        UnaryOp::AutocastGrad(r) => round(x * r.scale as f64, r.to) / r.scale as f64,
     }
 }
 
-const UNARY_OPS: [UnaryOp; 15] = [
+fn round(x: f64, to: HalfType) -> f64 {
+    match to {
+        HalfType::None => x,
+        HalfType::Bf16 => half::bf16::from_f64(x).to_f64(),
+        HalfType::F16 => half::f16::from_f64(x).to_f64(),
+    }
+}
+
+const UNARY_OPS: [UnaryOp; 17] = [
     UnaryOp::Neg,
     UnaryOp::Relu,
     UnaryOp::Gelu,
@@ -47,6 +58,16 @@ const UNARY_OPS: [UnaryOp; 15] = [
     UnaryOp::PowScalar(-1.0),
     UnaryOp::AddScalar(0.75),
     UnaryOp::MulScalar(-3.0),
+    UnaryOp::Autocast(Rounding {
+        to: HalfType::Bf16,
+        scale: 1.0,
+        inv_scale: 1.0,
+    }),
+    UnaryOp::AutocastGrad(Rounding {
+        to: HalfType::F16,
+        scale: 256.0,
+        inv_scale: 1.0 / 256.0,
+    }),
 ];
 
 #[test]

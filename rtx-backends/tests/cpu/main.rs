@@ -14,3 +14,4 @@ mod matmul_f16;
 mod pool;
 mod random;
 mod reduce;
+mod rounding;

@@ -35,6 +35,11 @@ use rows::{RowRole, narrow_of, row_role, rows_step};
 pub enum Pointwise {
     /// `x` (a `StopGradient`: the identity in the forward pass).
     Identity,
+    /// `x` rounded to the call's precision (`Op::Autocast`); its scalar function takes the
+    /// call's `AutocastMode` as a second argument.
+    Autocast,
+    /// `g` rounded at the call's precision and loss scale (`Op::AutocastGrad`); likewise.
+    AutocastGrad,
     Neg,
     Relu,
     Gelu,
@@ -70,6 +75,8 @@ impl Pointwise {
     pub fn of(op: &Op) -> Option<Pointwise> {
         Some(match op {
             Op::StopGradient => Pointwise::Identity,
+            Op::Autocast => Pointwise::Autocast,
+            Op::AutocastGrad => Pointwise::AutocastGrad,
             Op::Neg => Pointwise::Neg,
             Op::Relu => Pointwise::Relu,
             Op::Gelu => Pointwise::Gelu,
@@ -101,6 +108,8 @@ impl Pointwise {
     pub fn name(self) -> &'static str {
         match self {
             Pointwise::Identity => "identity",
+            Pointwise::Autocast => "autocast",
+            Pointwise::AutocastGrad => "autocast_grad",
             Pointwise::Neg => "neg",
             Pointwise::Relu => "relu",
             Pointwise::Gelu => "gelu",

@@ -4,7 +4,7 @@
 use super::{Args, Emit};
 use crate::graph::NodeId;
 use crate::infer::ShapeError;
-use crate::op::{Cmp, Op, Shape};
+use crate::op::{Cmp, DType, Op, Shape};
 
 pub(super) fn mse(e: &mut dyn Emit, args: &Args) -> Result<NodeId, ShapeError> {
     let (a, b) = (args.tensor(0)?, args.tensor(1)?);
@@ -558,8 +558,11 @@ pub(super) fn attention(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError
     // a fused backward; other shapes (a decoding step against cached keys, broadcast batch
     // axes) are the composition below.
     if e.same_shape(&qs, &ks) && e.same_shape(&ks, &vs) {
-        return e.op(Op::Attention { causal }, &[q, k, v]);
+        return autocast_product(e, Op::Attention { causal }, &[q, k, v]);
     }
+    // Rounded as the core op's operands and result are, so a decoding step computes what
+    // the training pass did.
+    let (q, k, v) = (rounded(e, q)?, rounded(e, k)?, rounded(e, v)?);
     let mut perm: Vec<usize> = (0..rk).collect();
     perm.swap(rk - 2, rk - 1);
     let kt = e.op(Op::Permute { perm }, &[k])?;
@@ -578,5 +581,28 @@ pub(super) fn attention(e: &mut dyn Emit, a: &Args) -> Result<NodeId, ShapeError
     }
     let r = e.shape(scores).len();
     let weights = softmax(e, scores, r - 1, false)?;
-    e.op(Op::MatMul, &[weights, v])
+    let out = e.op(Op::MatMul, &[weights, v])?;
+    e.op(Op::Autocast, &[out])
+}
+
+/// `x` rounded to the call's precision (`Op::Autocast`) when it is a float; an integer is
+/// left for the op that reads it to refuse in its own words.
+pub fn rounded(e: &mut dyn Emit, x: NodeId) -> Result<NodeId, ShapeError> {
+    if e.dtype(x) == DType::F32 {
+        e.op(Op::Autocast, &[x])
+    } else {
+        Ok(x)
+    }
+}
+
+/// `op` over `args` as PyTorch's autocast computes a product: every operand rounded to the
+/// call's precision, the product accumulated in f32, the result rounded (all the identity at
+/// f32; see `rtx_ir::Precision`).
+pub fn autocast_product(e: &mut dyn Emit, op: Op, args: &[NodeId]) -> Result<NodeId, ShapeError> {
+    let mut operands = Vec::with_capacity(args.len());
+    for &a in args {
+        operands.push(rounded(e, a)?);
+    }
+    let y = e.op(op, &operands)?;
+    e.op(Op::Autocast, &[y])
 }

@@ -17,11 +17,11 @@ mod args;
 mod lowerings;
 
 pub use args::{Arg, Args, Param};
-pub use lowerings::softmax;
+pub use lowerings::{autocast_product, rounded, softmax};
 
 use crate::graph::NodeId;
 use crate::infer::ShapeError;
-use crate::op::{Op, Shape};
+use crate::op::{DType, Op, Shape};
 use lowerings::*;
 
 /// What a lowering builds with: core ops over earlier values, with shape rules checked.
@@ -30,6 +30,7 @@ pub trait Emit {
     /// A scalar constant, broadcast by the op that uses it.
     fn constant(&mut self, value: f64) -> NodeId;
     fn shape(&self, value: NodeId) -> &Shape;
+    fn dtype(&self, value: NodeId) -> DType;
     /// Whether two shapes are equal, as a shape rule decides it: a dimension that depends on a
     /// generic parameter may be left for rustc to check (an obligation), as in core rules.
     fn same_shape(&mut self, expected: &Shape, found: &Shape) -> bool;
@@ -311,7 +312,7 @@ pub const LIBRARY: &[LibraryOp] = &[
         "matmul",
         &[Tensor("a"), Tensor("b")],
         "[.., M, K] @ [.., K, N], batch dims broadcast",
-        |e, a| e.op(Op::MatMul, &[a.tensor(0)?, a.tensor(1)?]),
+        |e, a| autocast_product(e, Op::MatMul, &[a.tensor(0)?, a.tensor(1)?]),
     ),
     row(
         "max_pool2d",

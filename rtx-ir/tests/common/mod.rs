@@ -155,6 +155,7 @@ impl Case {
         let ctx = RefCtx {
             env: &env,
             train,
+            autocast: rtx_ir::AutocastMode::OFF,
             seed: 42,
         };
         let lookup = |name: &str| {
@@ -300,6 +301,9 @@ impl rtx_ir::library::Emit for Case {
     }
     fn shape(&self, value: NodeId) -> &rtx_ir::Shape {
         &self.graph.node(value).shape
+    }
+    fn dtype(&self, value: NodeId) -> rtx_ir::DType {
+        self.graph.node(value).dtype
     }
     fn same_shape(&mut self, expected: &rtx_ir::Shape, found: &rtx_ir::Shape) -> bool {
         self.u.same_shape(expected, found)

@@ -37,6 +37,10 @@ impl Emit for Builder<'_, '_> {
         &self.lw.graph.node(value).shape
     }
 
+    fn dtype(&self, value: NodeId) -> rtx_ir::DType {
+        self.lw.graph.node(value).dtype
+    }
+
     fn same_shape(&mut self, expected: &Shape, found: &Shape) -> bool {
         let before = self.lw.u.obligations.len();
         let same = self.lw.u.same_shape(expected, found);
@@ -79,10 +83,19 @@ impl Lowerer<'_> {
                 // when none of them is something the user wrote.
                 let at = match (blamed, culprit) {
                     (Some(param), _) => param_tokens.get(param).cloned(),
-                    (None, Some(c)) => value_tokens
-                        .iter()
-                        .find(|(v, _)| *v == c)
-                        .map(|(_, t)| t.clone()),
+                    (None, Some(c)) => {
+                        // A rounded operand (`Op::Autocast`) stands for the value it rounds.
+                        let node = self.graph.node(c);
+                        let rounds = match (&node.op, node.args.as_slice()) {
+                            (Op::Autocast, [x]) => Some(*x),
+                            _ => None,
+                        };
+                        value_tokens
+                            .iter()
+                            .find(|(v, _)| *v == c)
+                            .or_else(|| value_tokens.iter().find(|(v, _)| Some(*v) == rounds))
+                            .map(|(_, t)| t.clone())
+                    }
                     (None, None) => param_tokens.get(err.arg).cloned(),
                 }
                 .unwrap_or_else(|| whole.to_token_stream());

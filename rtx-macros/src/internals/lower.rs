@@ -776,6 +776,11 @@ impl<'a> Lowerer<'a> {
                     vec![out.clone(), inp.clone()],
                 );
                 let b = self.param(pname("bias"), access("bias"), vec![out.clone()]);
+                // Mixed precision rounds operands and result (`Op::Autocast`, the identity
+                // at f32), as PyTorch's autocast runs `linear` in the low precision.
+                let w = self.push(Op::Autocast, &[w], &callsite, e, &[])?;
+                let b = self.push(Op::Autocast, &[b], &callsite, e, &[])?;
+                let x = self.push(Op::Autocast, &[x], &callsite, e, &[arg_tok[0]])?;
                 let wt = self.push(Op::Permute { perm: vec![1, 0] }, &[w], &callsite, e, &[])?;
                 // Leading axes are rows of one product (`[B, T, C]` as `[B*T, C]`, a view):
                 // one GEMM forward and one per gradient, where a batched product would make
@@ -790,6 +795,7 @@ impl<'a> Lowerer<'a> {
                 };
                 let y = self.push(Op::MatMul, &[flat, wt], &callsite, e, &[arg_tok[0], e])?;
                 let y = self.push(Op::Add, &[y, b], &callsite, e, &[e, e])?;
+                let y = self.push(Op::Autocast, &[y], &callsite, e, &[])?;
                 if lead.len() > 1 {
                     let mut shape = lead.to_vec();
                     shape.push(out.clone());
@@ -814,12 +820,16 @@ impl<'a> Lowerer<'a> {
                     vec![c_out.clone(), c_in.clone(), k.clone(), k.clone()],
                 );
                 let b = self.param(pname("bias"), access("bias"), vec![c_out.clone()]);
+                // Rounded as autocast runs `conv2d` (see the Linear case).
+                let w = self.push(Op::Autocast, &[w], &callsite, e, &[])?;
+                let b = self.push(Op::Autocast, &[b], &callsite, e, &[])?;
+                let x = self.push(Op::Autocast, &[args[0]], &callsite, e, &[arg_tok[0]])?;
                 let y = self.push(
                     Op::Conv2d {
                         stride: [*stride; 2],
                         padding: [*pad; 2],
                     },
-                    &[args[0], w],
+                    &[x, w],
                     &callsite,
                     e,
                     &[arg_tok[0], e],
@@ -833,7 +843,8 @@ impl<'a> Lowerer<'a> {
                     e,
                     &[],
                 )?;
-                self.push(Op::Add, &[y, b3], &callsite, e, &[e, e])
+                let y = self.push(Op::Add, &[y, b3], &callsite, e, &[e, e])?;
+                self.push(Op::Autocast, &[y], &callsite, e, &[])
             }
             FieldKind::Embedding { vocab, dim } => {
                 if !want_args(self, 1) {
