@@ -20,6 +20,7 @@ pub const CONTEXT: usize = 64;
 /// head, and an output projection. (Three projections rather than one `[128, 384]` with
 /// slices: the slices' gradients would be zero-padded to 384 columns and added.)
 #[model]
+#[derive(Debug)]
 pub struct SelfAttention {
     q: Linear<128, 128>,
     k: Linear<128, 128>,
@@ -58,6 +59,7 @@ impl SelfAttention {
 
 /// The position-wise MLP: 4x wider, GELU (tanh form, as GPT-2).
 #[model]
+#[derive(Debug)]
 pub struct FeedForward {
     fc: Linear<128, 512>,
     proj: Linear<512, 128>,
@@ -74,6 +76,7 @@ impl FeedForward {
 
 /// One pre-norm transformer block.
 #[model]
+#[derive(Debug)]
 pub struct Block {
     ln1: LayerNorm<128>,
     attn: SelfAttention,
@@ -109,6 +112,7 @@ impl Block {
 }
 
 #[model]
+#[derive(Debug)]
 pub struct Gpt {
     wte: Embedding<84, 128>,
     wpe: Embedding<64, 128>,

@@ -231,3 +231,50 @@ fn an_overflowing_loss_scale_skips_steps_until_it_fits() {
     assert_eq!(scaler.skipped_steps(), steps);
     assert!(scaler.scale() < 2f32.powi(40), "scale {}", scaler.scale());
 }
+
+#[test]
+fn a_resumed_f16_run_takes_the_uninterrupted_runs_steps_and_refuses_another_precision() {
+    let stream = tokens(4096);
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("gpt-resume-f16");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let checkpoint = dir.join("train.safetensors");
+    let cfg = GptConfig {
+        steps: 8,
+        batch: 4,
+        warmup: 2,
+        eval_every: 8,
+        eval_batches: Some(1),
+        precision: Precision::F16,
+        ..GptConfig::default()
+    };
+    let (train, validation) = (&stream[..3500], &stream[3500..]);
+    let (_, whole) = train_gpt_on(&cfg, train, validation).unwrap();
+    let stopped = GptConfig {
+        checkpoint: Some(checkpoint.clone()),
+        stop_after: Some(3),
+        ..cfg.clone()
+    };
+    let (_, first) = train_gpt_on(&stopped, train, validation).unwrap();
+
+    let resumed = GptConfig {
+        resume: Some(checkpoint.clone()),
+        ..cfg.clone()
+    };
+    let (_, rest) = train_gpt_on(&resumed, train, validation).unwrap();
+    let as_bf16 = GptConfig {
+        precision: Precision::Bf16,
+        ..resumed.clone()
+    };
+    let err = train_gpt_on(&as_bf16, train, validation).unwrap_err();
+
+    let joined: Vec<u32> = first
+        .losses
+        .iter()
+        .chain(&rest.losses)
+        .map(|l| l.to_bits())
+        .collect();
+    let whole: Vec<u32> = whole.losses.iter().map(|l| l.to_bits()).collect();
+    assert_eq!(joined, whole);
+    assert!(err.to_string().contains("--precision f16"), "{err}");
+}
