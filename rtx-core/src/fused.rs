@@ -6,8 +6,8 @@ use crate::tensor::{Tensor, fmt_dims};
 use rtx_backends::cpu;
 use std::sync::OnceLock;
 
-pub use rtx_backends::cpu::RowIn;
 pub use rtx_backends::cpu::scalar;
+pub use rtx_backends::cpu::{RowIn, row_max, row_sum};
 
 /// Whether compiled models run their fused schedule: true unless the environment variable
 /// `RTX_FUSION` is `0`, `off` or `false` when the first model runs.
@@ -105,17 +105,19 @@ where
 }
 
 /// Runs a generated row body (a `Step::Rows` group) over the rows of `wide`: input `k` is
-/// `inputs[k]` broadcast to `wide`; output `m` has shape `wide` when `out_wide[m]`, else
-/// `wide` with its last axis 1.
+/// `inputs[k]` broadcast to `wide`, a whole row of it when `varies[k]`, else the row's one
+/// value; output `m` has shape `wide` when `out_wide[m]`, else `wide` with its last axis 1.
+/// The body's last argument is a scratch row for the values it reduces.
 #[doc(hidden)]
 pub fn rows<const N: usize, const M: usize, F>(
     inputs: [&Tensor; N],
     wide: &[usize],
+    varies: [bool; N],
     out_wide: [bool; M],
     body: F,
 ) -> Result<[Tensor; M]>
 where
-    F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M]) + Sync,
+    F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync,
 {
     let mut data: [&[f32]; N] = [&[]; N];
     for (slot, t) in data.iter_mut().zip(inputs) {
@@ -126,7 +128,7 @@ where
         std::array::from_fn(|k| inputs[k].layout().broadcast_to(wide));
     let args: [(&[f32], &rtx_backends::Layout); N] =
         std::array::from_fn(|k| (data[k], &layouts[k]));
-    let outs = cpu::map_rows(args, wide, out_wide, body)?;
+    let outs = cpu::map_rows(args, wide, varies, out_wide, body)?;
     let mut narrow = rtx_backends::layout::Dims::from_slice(wide);
     if let Some(last) = narrow.last_mut() {
         *last = 1;

@@ -327,15 +327,17 @@ fn matmul_row_sums(ir: &GraphFn, matmul: NodeId, sums: NodeId) -> TokenStream {
     )
 }
 
-/// An operand inside a row body: inputs are read at column `__j` in a pass over the row
-/// (`wide`), or at column 0 for a row scalar (their column stride is 0 there).
-fn row_operand(o: &Operand, wide: bool) -> TokenStream {
+/// An operand inside a row body: an input that varies along the row (`varies[i]`) is read
+/// at column `__j` of its row slice `__wI` in a pass over the row (`wide`); a row scalar is
+/// its one value.
+fn row_operand(o: &Operand, wide: bool, varies: &[bool]) -> TokenStream {
     match o {
         Operand::Input(i) => {
-            let id = format_ident!("__i{}", i);
-            if wide {
-                quote!(#id.at(__j))
+            if wide && varies[*i] {
+                let w = format_ident!("__w{}", i);
+                quote!(#w[__j])
             } else {
+                let id = format_ident!("__i{}", i);
                 quote!(#id.at(0))
             }
         }
@@ -344,8 +346,8 @@ fn row_operand(o: &Operand, wide: bool) -> TokenStream {
     }
 }
 
-fn row_map(i: &Instr, wide: bool) -> TokenStream {
-    instr_with(i, |a| row_operand(a, wide))
+fn row_map(i: &Instr, wide: bool, varies: &[bool]) -> TokenStream {
+    instr_with(i, |a| row_operand(a, wide, varies))
 }
 
 /// A row group: one closure per row. Row scalars are computed once; each reduction is one
@@ -362,6 +364,12 @@ fn rows(
 ) -> TokenStream {
     let wide_shape = &ir.graph.node(shape_of).shape;
     let is_wide = |id: NodeId| &ir.graph.node(id).shape == wide_shape;
+    // An input varies along the row unless its last axis is 1 (or it has none): broadcasting
+    // aligns it with the row's axis otherwise.
+    let varies: Vec<bool> = inputs
+        .iter()
+        .map(|&i| ir.graph.node(i).shape.last().is_some_and(|d| !d.is_one()))
+        .collect();
     let wide_output = |id: NodeId| {
         outputs
             .iter()
@@ -397,42 +405,32 @@ fn rows(
     for step in body {
         match step {
             RowInstr::Map { instr, wide: true } => {
-                wide_instrs.push((instr.node, row_map(instr, true)));
+                wide_instrs.push((instr.node, row_map(instr, true, &varies)));
             }
-            RowInstr::Map { instr, wide: false } => stmts.extend(row_map(instr, false)),
+            RowInstr::Map { instr, wide: false } => stmts.extend(row_map(instr, false, &varies)),
             RowInstr::Reduce { node, op, arg } => {
                 let t = format_ident!("__t{}", node);
-                let arg = row_operand(arg, true);
+                let arg = row_operand(arg, true, &varies);
                 let (wide_stmts, newly) = pass(&wide_instrs, &stored, true);
                 stored.extend(newly);
-                stmts.extend(match op {
-                    RowReduce::Sum | RowReduce::Mean => {
-                        let finish = if *op == RowReduce::Mean {
-                            quote!((__acc / __cols as f64) as f32)
-                        } else {
-                            quote!(__acc as f32)
-                        };
-                        quote! {
-                            let #t = {
-                                let mut __acc = 0f64;
-                                for __j in 0..__cols {
-                                    #wide_stmts
-                                    __acc += #arg as f64;
-                                }
-                                #finish
-                            };
-                        }
+                // The values reduced go to the scratch row in one plain loop (vectorized),
+                // then one library call reduces them in the order the unfused kernels use.
+                let reduced = match op {
+                    RowReduce::Sum => quote!(::rtx_core::fused::row_sum(__red) as f32),
+                    RowReduce::Mean => {
+                        quote!((::rtx_core::fused::row_sum(__red) / __cols as f64) as f32)
                     }
-                    RowReduce::Max => quote! {
-                        let #t = {
-                            let mut __acc = ::core::primitive::f32::NEG_INFINITY;
-                            for __j in 0..__cols {
-                                #wide_stmts
-                                __acc = ::rtx_core::fused::scalar::max_acc(__acc, #arg);
-                            }
-                            __acc
-                        };
-                    },
+                    RowReduce::Max => quote!(::rtx_core::fused::row_max(__red)),
+                };
+                stmts.extend(quote! {
+                    let #t = {
+                        let __red: &mut [f32] = &mut __scratch[..__cols];
+                        for __j in 0..__cols {
+                            #wide_stmts
+                            __red[__j] = #arg;
+                        }
+                        #reduced
+                    };
                 });
             }
         }
@@ -465,7 +463,21 @@ fn rows(
     let ins = inputs.iter().map(|&a| node_ref(a));
     let in_names = (0..n).map(|i| format_ident!("__i{}", i));
     let out_names = (0..m).map(|i| format_ident!("__o{}", i));
-    let out_wide = outputs.iter().map(|&o| is_wide(o));
+    let out_wide: Vec<bool> = outputs.iter().map(|&o| is_wide(o)).collect();
+    // Slices of exactly `__cols` values, so the passes index them without bounds checks.
+    let mut prelude = TokenStream::new();
+    for (i, &v) in varies.iter().enumerate() {
+        if v {
+            let (w, id) = (format_ident!("__w{}", i), format_ident!("__i{}", i));
+            prelude.extend(quote!(let #w: &[f32] = &#id.row()[..__cols];));
+        }
+    }
+    for (m, &w) in out_wide.iter().enumerate() {
+        if w {
+            let o = format_ident!("__o{}", m);
+            prelude.extend(quote!(let #o: &mut [f32] = &mut #o[..__cols];));
+        }
+    }
     let shape = shape_expr(ir, shape_of);
     bind_outputs(
         outputs,
@@ -473,11 +485,16 @@ fn rows(
             ::rtx_core::fused::rows(
                 [#(#ins),*],
                 #shape,
+                [#(#varies),*],
                 [#(#out_wide),*],
                 #[inline(always)]
-                |__in: &[::rtx_core::fused::RowIn<'_>; #n], __cols: usize, __out: &mut [&mut [f32]; #m]| {
+                |__in: &[::rtx_core::fused::RowIn<'_>; #n],
+                 __cols: usize,
+                 __out: &mut [&mut [f32]; #m],
+                 __scratch: &mut [f32]| {
                     let [#(#in_names),*] = __in;
                     let [#(#out_names),*] = __out;
+                    #prelude
                     #stmts
                 },
             )

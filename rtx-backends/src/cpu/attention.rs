@@ -11,6 +11,7 @@
 //! unit stride, or the operand is copied contiguous first.
 
 use super::check::{self, KResult, KernelError};
+use super::scalar::exp;
 use super::strided::{numel, position, to_contiguous};
 use crate::layout::Layout;
 use rayon::prelude::*;
@@ -127,29 +128,6 @@ fn operands<'a>(
     Ok([q, k, v])
 }
 
-/// `exp` as a polynomial (Cephes' `expf`: range reduction by ln 2, degree-6 polynomial, within
-/// 2 ulp), written with plain arithmetic so the loops around it vectorize: libm's `expf` is a
-/// call per value, and so is `floor` on the x86-64 baseline, so the nearest integer comes from
-/// adding 1.5 * 2^23 (the integer lands in the low mantissa bits). Inputs below -87 give 0.
-#[inline(always)]
-fn exp(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
-    let xc = x.clamp(-87.0, 88.0);
-    let t = xc * std::f32::consts::LOG2_E + MAGIC;
-    let n = t - MAGIC;
-    let r = xc - n * 0.693_359_4 + n * 2.121_944_4e-4;
-    let p = 1.987_569_1e-4_f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 0.5;
-    let y = p * r * r + r + 1.0;
-    let exponent = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
-    let scale = f32::from_bits((exponent.wrapping_add(127) << 23) as u32);
-    if x < -87.0 { 0.0 } else { y * scale }
-}
-
 /// `m` (`rows x cols`, contiguous) transposed into `t`: `t[c * rows + j] = m[j * cols + c]`.
 fn transpose_into(m: &[f32], rows: usize, cols: usize, t: &mut Vec<f32>) {
     t.clear();
@@ -159,6 +137,71 @@ fn transpose_into(m: &[f32], rows: usize, cols: usize, t: &mut Vec<f32>) {
             t[c * rows + j] = x;
         }
     }
+}
+
+/// Independent accumulators of the sums and maxima over a row of scores: one chain each, so
+/// the loops vectorize (a single running sum is a chain the compiler must keep in order).
+const LANES: usize = 16;
+
+/// The sum of `xs` in `LANES` interleaved f32 accumulators, added pairwise at the end.
+#[inline(always)]
+fn lane_sum(xs: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (l, &x) in lanes.iter_mut().zip(chunk) {
+            *l += x;
+        }
+    }
+    for (l, &x) in lanes.iter_mut().zip(tail) {
+        *l += x;
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+    }
+    lanes[0]
+}
+
+/// The dot product of `a` and `b` in the order of [`lane_sum`].
+#[inline(always)]
+fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for ((l, &x), &y) in lanes.iter_mut().zip(x).zip(y) {
+            *l += x * y;
+        }
+    }
+    for ((l, &x), &y) in lanes.iter_mut().zip(ta).zip(tb) {
+        *l += x * y;
+    }
+    lane_sum(&lanes)
+}
+
+/// The largest of `xs` (NaN ignored, as `f32::max` does; NEG_INFINITY when empty), in lanes.
+#[inline(always)]
+fn lane_max(xs: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (l, &x) in lanes.iter_mut().zip(chunk) {
+            // A comparison, not `f32::max`, so it is one vector compare and select.
+            *l = if x > *l { x } else { *l };
+        }
+    }
+    for (l, &x) in lanes.iter_mut().zip(tail) {
+        *l = if x > *l { x } else { *l };
+    }
+    lanes
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
 }
 
 /// `scores[j] = scale * q_i . k_j` for `j` in `keys`, from the transposed keys.
@@ -366,7 +409,7 @@ fn forward_slice(a: &Slice<'_, '_>, w: &mut Scratch, out: &mut [f32]) {
             let keys = start..(start + KEY_BLOCK).min(end);
             let n = keys.len();
             scores(q_row, &w.kt, tk, keys.clone(), scale, block);
-            let block_max = block[..n].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let block_max = lane_max(&block[..n]);
             let new_max = max.max(block_max);
             // Rescale what the earlier blocks added up under the old maximum.
             if max != f32::NEG_INFINITY && new_max > max {
@@ -377,9 +420,9 @@ fn forward_slice(a: &Slice<'_, '_>, w: &mut Scratch, out: &mut [f32]) {
             for p in &mut block[..n] {
                 *p = exp(*p - new_max);
             }
+            sum += lane_sum(&block[..n]);
             let values = &w.v[keys.start * dv..keys.end * dv];
             for (&p, v_row) in block[..n].iter().zip(values.chunks_exact(dv)) {
-                sum += p;
                 for (a, &x) in acc.iter_mut().zip(v_row) {
                     *a += p * x;
                 }
@@ -417,17 +460,15 @@ fn backward_slice(
         let (q_row, g_row) = (&w.q[i * d..(i + 1) * d], &w.g[i * d..(i + 1) * d]);
         // This row's weights, recomputed.
         scores(q_row, &w.kt, t, 0..end, scale, p);
-        let max = p[..end].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        let mut sum = 0.0f32;
+        let max = lane_max(&p[..end]);
         for x in &mut p[..end] {
             *x = exp(*x - max);
-            sum += *x;
         }
-        let inv = 1.0 / sum;
+        let inv = 1.0 / lane_sum(&p[..end]);
         p[..end].iter_mut().for_each(|x| *x *= inv);
         // dP = g v^T, then dS = P * (dP - sum(P * dP)), scaled for q and k.
         scores(g_row, &w.vt, t, 0..end, 1.0, dp);
-        let dot: f32 = p[..end].iter().zip(&dp[..end]).map(|(a, b)| a * b).sum();
+        let dot = lane_dot(&p[..end], &dp[..end]);
         for (x, &pw) in dp[..end].iter_mut().zip(&p[..end]) {
             *x = pw * (*x - dot) * scale;
         }
@@ -448,26 +489,5 @@ fn backward_slice(
                 *o += pw * x;
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::exp;
-
-    #[test]
-    fn polynomial_exp_is_within_3_ulp_of_f64() {
-        let mut x = -87.0f32;
-        while x < 88.0 {
-            let want = (x as f64).exp();
-            let got = exp(x) as f64;
-            assert!(
-                ((got - want) / want).abs() < 3.0 * f32::EPSILON as f64,
-                "exp({x}) = {got}, expected {want}"
-            );
-            x += 0.0137;
-        }
-        assert_eq!(exp(-1e30), 0.0);
-        assert_eq!(exp(0.0), 1.0);
     }
 }

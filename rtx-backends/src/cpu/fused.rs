@@ -287,18 +287,24 @@ where
             src[k].as_ptr()
         }
     });
-    for i in 0..run {
-        // SAFETY: every input slice holds at least `run` values and every output at least
-        // `at + run` (checked above; the donated input is output 0 itself); element `i` of
-        // the donated input is read before output 0's element `i` is written, and no other
-        // index of it is touched in this iteration.
-        unsafe {
-            let r = body(std::array::from_fn(|k| *ins[k].add(i)));
-            for m in 0..M {
-                *outs[m].add(i) = r[m];
+    // Compiled for the widest vectors this CPU has (`simd::widest`).
+    super::simd::widest(
+        #[inline(always)]
+        || {
+            for i in 0..run {
+                // SAFETY: every input slice holds at least `run` values and every output at
+                // least `at + run` (checked above; the donated input is output 0 itself);
+                // element `i` of the donated input is read before output 0's element `i` is
+                // written, and no other index of it is touched in this iteration.
+                unsafe {
+                    let r = body(std::array::from_fn(|k| *ins[k].add(i)));
+                    for m in 0..M {
+                        *outs[m].add(i) = r[m];
+                    }
+                }
             }
-        }
-    }
+        },
+    );
     true
 }
 

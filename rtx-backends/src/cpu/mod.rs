@@ -32,6 +32,7 @@ mod random;
 mod reduce;
 mod rows;
 pub mod scalar;
+mod simd;
 mod strided;
 mod topk;
 mod window;
@@ -53,7 +54,8 @@ pub use gemm::{
 pub use index::{concat, gather_rows, pad_narrow, pick_last, pick_last_grad, scatter_add_rows};
 pub use pool::{avg_pool2d, avg_pool2d_grad, max_pool2d, max_pool2d_grad};
 pub use random::dropout_mask;
-pub use reduce::{ReduceOp, argmax, max_grad, reduce, sum_to};
+pub use reduce::{ReduceOp, argmax, max_grad, reduce, row_max, row_sum, sum_to};
 pub use rows::{RowIn, map_rows};
+pub use simd::{SimdLevel, set_simd_level, simd_level, simd_levels, simd_supported};
 pub use strided::to_contiguous;
 pub use topk::{top_k, top_k_grad};

@@ -6,7 +6,7 @@ use crate::layout::{Dims, Layout};
 
 use super::check::{self, KResult};
 use super::strided::{
-    PARALLEL_THRESHOLD, Walk, contiguous, contiguous_cow, numel, position, with_f64_scratch,
+    CHUNK, PARALLEL_THRESHOLD, Walk, contiguous, contiguous_cow, numel, position, with_f64_scratch,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -114,6 +114,10 @@ pub(crate) fn reduce_unchecked(
     if let Some(out) = reduce_around_sum(op, x, l, axes) {
         return (out, out_shape);
     }
+    if let Some(out) = reduce_rows_sum(op, x, l, axes) {
+        return (out, out_shape);
+    }
+    let trailing = is_trailing(axes, l.rank());
     let groups = Groups::new(l, axes);
     let group_len = groups.group_len();
     let walk = Walk::new(&groups.group.shape, [&groups.group]);
@@ -125,6 +129,16 @@ pub(crate) fn reduce_unchecked(
         let len = GROUP_PIECE.min(group_len.saturating_sub(start));
         let base = groups.base(out_index);
         match op {
+            ReduceOp::Sum | ReduceOp::Mean if trailing => {
+                // The order of `row_sum`, which the compiled row kernels use.
+                let mut lanes = [0.0f64; SUM_LANES];
+                walk.runs(start, len, |at, run, [pos], [stride]| {
+                    for i in 0..run {
+                        lanes[(at + i) % SUM_LANES] += x[base + pos + i * stride] as f64;
+                    }
+                });
+                add_lanes(lanes)
+            }
             ReduceOp::Sum | ReduceOp::Mean => {
                 let mut acc = 0.0f64;
                 walk.runs(start, len, |_, run, [pos], [stride]| {
@@ -223,6 +237,95 @@ fn reduce_leading_sum(op: ReduceOp, x: &[f32], l: &Layout, axes: &[usize]) -> Op
     Some(out)
 }
 
+/// Interleaved accumulators of a sum over trailing axes (see [`row_sum`]).
+const SUM_LANES: usize = 8;
+
+/// Whether `axes` are the last `axes.len()` axes of a rank-`rank` tensor (in any order).
+fn is_trailing(axes: &[usize], rank: usize) -> bool {
+    !axes.is_empty() && axes.iter().all(|&a| a + axes.len() >= rank && a < rank)
+}
+
+/// The lanes of one piece added pairwise, in a fixed tree.
+#[inline(always)]
+fn add_lanes(a: [f64; SUM_LANES]) -> f64 {
+    ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+}
+
+/// One piece (at most `GROUP_PIECE` values) summed in f64 with value `i` in accumulator
+/// `i % 8`: eight independent chains, which the compiler vectorizes.
+#[inline(always)]
+fn lane_sum(values: &[f32]) -> f64 {
+    let mut lanes = [0.0f64; SUM_LANES];
+    let chunks = values.chunks_exact(SUM_LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += v as f64;
+        }
+    }
+    for (lane, &v) in lanes.iter_mut().zip(tail) {
+        *lane += v as f64;
+    }
+    add_lanes(lanes)
+}
+
+/// The f64 sum of a row of values, in the order every reduction over trailing axes uses (the
+/// compiled row kernels, `reduce` and `sum_to` over the last axes): pieces of `GROUP_PIECE`
+/// values, each summed in eight interleaved f64 accumulators added pairwise, the pieces'
+/// sums added in order. One order everywhere keeps a fused row kernel bit-identical to the
+/// unfused kernels; interleaving keeps the sum off one long dependency chain.
+#[inline(always)]
+pub fn row_sum(values: &[f32]) -> f64 {
+    if values.is_empty() {
+        return std::iter::once(0.0f64).sum();
+    }
+    values.chunks(GROUP_PIECE).map(lane_sum).sum()
+}
+
+/// The largest of a row of values, NaN first and ties to the earliest (the rule of `reduce`).
+#[inline(always)]
+pub fn row_max(values: &[f32]) -> f32 {
+    values.iter().fold(
+        f32::NEG_INFINITY,
+        |acc, &v| if beats(v, acc) { v } else { acc },
+    )
+}
+
+/// Sum or mean over the trailing axes of a contiguous tensor: each group is one contiguous
+/// row, summed by [`row_sum`] (the general path's order for these axes, vectorized). `None`
+/// when the reduction is not of that form.
+fn reduce_rows_sum(op: ReduceOp, x: &[f32], l: &Layout, axes: &[usize]) -> Option<Vec<f32>> {
+    if op == ReduceOp::Max || !is_trailing(axes, l.rank()) || !l.is_contiguous() {
+        return None;
+    }
+    let cols = numel(&l.shape[l.rank() - axes.len()..]);
+    let rows = numel(&l.shape[..l.rank() - axes.len()]);
+    if cols == 0 {
+        return None;
+    }
+    let data = &x[l.offset..l.offset + rows * cols];
+    let mut out = crate::pool::take(rows);
+    let finish = |row: &[f32]| match op {
+        ReduceOp::Mean => (row_sum(row) / cols as f64) as f32,
+        _ => row_sum(row) as f32,
+    };
+    if rows * cols > PARALLEL_THRESHOLD && rows > 1 {
+        let per_task = (CHUNK / cols).max(1);
+        out.par_chunks_mut(per_task)
+            .zip(data.par_chunks(per_task * cols))
+            .for_each(|(o, d)| {
+                for (o, row) in o.iter_mut().zip(d.chunks_exact(cols)) {
+                    *o = finish(row);
+                }
+            });
+    } else {
+        for (o, row) in out.iter_mut().zip(data.chunks_exact(cols)) {
+            *o = finish(row);
+        }
+    }
+    Some(out)
+}
+
 /// Sum or mean of a contiguous tensor over every axis but one block in the middle (a
 /// convolution's bias gradient: `[N, O, H, W] -> [O]`), seen as `[outer, kept, inner]`: each
 /// output adds its `inner`-long runs in row order into one f64, the general path's order, so
@@ -235,7 +338,8 @@ fn reduce_around_sum(op: ReduceOp, x: &[f32], l: &Layout, axes: &[usize]) -> Opt
         .find(|a| axes.contains(a))
         .unwrap_or(rank);
     let around = (0..rank).all(|a| axes.contains(&a) == (a < first_kept || a >= end_kept));
-    if op == ReduceOp::Max || !around || end_kept == rank || !l.is_contiguous() {
+    // A reduction over trailing axes (`first_kept == 0`) sums in `row_sum`'s order instead.
+    if op == ReduceOp::Max || !around || end_kept == rank || first_kept == 0 || !l.is_contiguous() {
         return None;
     }
     let outer = numel(&l.shape[..first_kept]);

@@ -2,6 +2,12 @@
 //! of a wide shape `[.., N]`, the generated body reads its inputs along the row, reduces, and
 //! writes wide (`N` values) and row-scalar (one value) outputs. Rows are independent, so they
 //! run in parallel with results that do not depend on the thread count.
+//!
+//! Every input that varies along the row reaches the body as a contiguous slice of the row
+//! (copied into a scratch row first when its layout steps by anything but 1), and the body
+//! gets a scratch row for the values it reduces, so each of its passes is a plain loop over
+//! slices that the compiler vectorizes; the rows run inside `simd::widest`, so that loop uses
+//! the widest vectors this CPU has.
 
 use rayon::prelude::*;
 
@@ -9,19 +15,25 @@ use super::check::{self, KResult};
 use super::strided::{CHUNK, PARALLEL_THRESHOLD, numel, position};
 use crate::layout::Layout;
 
-/// One input of a row kernel seen from one row: element `j` of the row is
-/// `data[base + j * stride]` (stride 0 for an input broadcast along the row).
+/// One input of a row kernel seen from one row: the row's values (for an input that varies
+/// along the row) or its one value (a row scalar, broadcast along the row).
 #[derive(Clone, Copy)]
 pub struct RowIn<'a> {
-    data: &'a [f32],
-    base: usize,
-    stride: usize,
+    row: &'a [f32],
 }
 
-impl RowIn<'_> {
+impl<'a> RowIn<'a> {
+    /// Element `j` of the row (`0` for a row scalar).
     #[inline(always)]
     pub fn at(&self, j: usize) -> f32 {
-        self.data[self.base + j * self.stride]
+        self.row[j]
+    }
+
+    /// The row's values: `N` of them for an input that varies along the row, one for a row
+    /// scalar.
+    #[inline(always)]
+    pub fn row(&self) -> &'a [f32] {
+        self.row
     }
 }
 
@@ -38,18 +50,21 @@ impl OutPtr {
     }
 }
 
-/// Runs `body(inputs, row_len, outputs)` for every row of `wide` (rank >= 1). Input `k` is
-/// read through `inputs[k]`, whose layout must already have the shape `wide` (broadcast axes
-/// have stride 0; refused otherwise). Output `m` holds `row_len` values per row when
-/// `out_wide[m]`, else one.
+/// Runs `body(inputs, row_len, outputs, scratch)` for every row of `wide` (rank >= 1). Input
+/// `k` is read through `inputs[k]`, whose layout must already have the shape `wide` (broadcast
+/// axes have stride 0; refused otherwise); `varies[k]` says whether it varies along the row
+/// (its slice holds the row) or is a row scalar (its slice holds the row's one value). Output
+/// `m` holds `row_len` values per row when `out_wide[m]`, else one. `scratch` holds `row_len`
+/// values the body may overwrite.
 pub fn map_rows<const N: usize, const M: usize, F>(
     inputs: [(&[f32], &Layout); N],
     wide: &[usize],
+    varies: [bool; N],
     out_wide: [bool; M],
     body: F,
 ) -> KResult<[Vec<f32>; M]>
 where
-    F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M]) + Sync,
+    F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync,
 {
     const K: &str = "map_rows";
     for (k, (data, l)) in inputs.iter().enumerate() {
@@ -72,34 +87,81 @@ where
         let split = l.rank().saturating_sub(1);
         collapsed_stride(&l.shape[..split], &l.strides[..split])
     });
-    let row = |r: usize| {
-        let ins: [RowIn<'_>; N] = std::array::from_fn(|k| {
-            let (data, l) = inputs[k];
+    let col_strides: [usize; N] = std::array::from_fn(|k| {
+        let l = inputs[k].1;
+        l.strides
+            .get(l.rank().saturating_sub(1))
+            .copied()
+            .unwrap_or(0)
+    });
+    // Inputs that vary along the row but do not step by 1 along it are copied per row.
+    let copied: [Option<usize>; N] = {
+        let mut slot = 0;
+        std::array::from_fn(|k| {
+            (varies[k] && col_strides[k] != 1 && cols > 1).then(|| {
+                slot += 1;
+                slot - 1
+            })
+        })
+    };
+    let copies = copied.iter().flatten().count();
+    // Called from one place, inside `simd::widest`, where it is inlined.
+    let row = |r: usize, scratch: &mut [f32]| {
+        let (copy_rows, reduce_row) = scratch.split_at_mut(copies * cols);
+        let starts: [usize; N] = std::array::from_fn(|k| {
+            let (_, l) = inputs[k];
             let split = l.rank().saturating_sub(1);
-            let start = match row_strides[k] {
-                Some(stride) => r * stride,
-                None => position(r, &l.shape[..split], &l.strides[..split]),
-            };
-            RowIn {
-                data,
-                base: l.offset + start,
-                stride: l.strides.get(split).copied().unwrap_or(0),
+            l.offset
+                + match row_strides[k] {
+                    Some(stride) => r * stride,
+                    None => position(r, &l.shape[..split], &l.strides[..split]),
+                }
+        });
+        for k in 0..N {
+            if let Some(slot) = copied[k] {
+                let (data, stride) = (inputs[k].0, col_strides[k]);
+                let dst = &mut copy_rows[slot * cols..(slot + 1) * cols];
+                for (j, d) in dst.iter_mut().enumerate() {
+                    *d = data[starts[k] + j * stride];
+                }
             }
+        }
+        let copy_rows: &[f32] = copy_rows;
+        let ins: [RowIn<'_>; N] = std::array::from_fn(|k| {
+            let data = inputs[k].0;
+            let row = match copied[k] {
+                Some(slot) => &copy_rows[slot * cols..(slot + 1) * cols],
+                None if varies[k] => &data[starts[k]..starts[k] + cols],
+                None => &data[starts[k]..starts[k] + 1],
+            };
+            RowIn { row }
         });
         // SAFETY: row `r` owns elements `r * width .. (r + 1) * width` of each output, which
         // holds `rows * width`; no other row touches them.
         let mut dst: [&mut [f32]; M] = std::array::from_fn(|m| unsafe {
             std::slice::from_raw_parts_mut(ptrs[m].get().add(r * width(m)), width(m))
         });
-        body(&ins, cols, &mut dst);
+        body(&ins, cols, &mut dst, reduce_row);
+    };
+    let run_rows = |range: std::ops::Range<usize>| {
+        let mut scratch = crate::pool::Scratch(crate::pool::take((copies + 1) * cols));
+        let scratch: &mut [f32] = &mut scratch.0;
+        super::simd::widest(
+            #[inline(always)]
+            || {
+                for r in range {
+                    row(r, scratch);
+                }
+            },
+        );
     };
     if rows * cols <= PARALLEL_THRESHOLD || rows == 1 {
-        (0..rows).for_each(row);
+        run_rows(0..rows);
     } else {
-        (0..rows)
+        let per_task = (CHUNK / cols.max(1)).max(1);
+        (0..rows.div_ceil(per_task))
             .into_par_iter()
-            .with_min_len((CHUNK / cols.max(1)).max(1))
-            .for_each(row);
+            .for_each(|t| run_rows(t * per_task..rows.min((t + 1) * per_task)));
     }
     Ok(outs)
 }

@@ -125,7 +125,7 @@ pub fn gelu(x: f32) -> f32 {
 #[inline(always)]
 pub fn gelu_derivative(x: f32) -> f32 {
     let cdf = 0.5 * (1.0 + libm::erff(x * FRAC_1_SQRT_2));
-    let pdf = (-0.5 * x * x).exp() * FRAC_1_SQRT_2PI;
+    let pdf = exp(-0.5 * x * x) * FRAC_1_SQRT_2PI;
     cdf + x * pdf
 }
 
@@ -169,16 +169,51 @@ pub fn cos(x: f32) -> f32 {
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
     if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
+        1.0 / (1.0 + exp(-x))
     } else {
-        let e = x.exp();
+        let e = exp(x);
         e / (1.0 + e)
     }
 }
 
+/// `exp` as a polynomial (Cephes' `expf`: range reduction by ln 2, a degree-6 polynomial,
+/// within 2 ulp of the exact value), written with plain arithmetic so the loops around it
+/// vectorize: libm's `expf` is a call per value, and so is `floor` on the x86-64 baseline, so
+/// the nearest integer comes from adding 1.5 * 2^23 (the integer lands in the low mantissa
+/// bits). 2^n is applied as two factors so that results near the ends of the range (down to
+/// the subnormals, up to overflow) need no special case; beyond them the result is 0 or
+/// infinity, and NaN stays NaN.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    x.exp()
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    const LO: f32 = -104.0; // exp(LO) rounds to 0
+    const HI: f32 = 89.0; // exp(HI) overflows
+    // Comparisons, not `clamp`: NaN fails both and passes through.
+    let xc = if x < LO { LO } else { x };
+    let xc = if xc > HI { HI } else { xc };
+    let t = xc * std::f32::consts::LOG2_E + MAGIC;
+    let n = t - MAGIC;
+    let r = xc - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let p = 1.987_569_1e-4_f32;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 0.5;
+    let y = p * r * r + r + 1.0;
+    // n in [-150, 129]: 2^n as 2^half * 2^(n - half), each a normal float.
+    let n = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    let half = n >> 1;
+    let low = f32::from_bits((half.wrapping_add(127) << 23) as u32);
+    let high = f32::from_bits(((n - half).wrapping_add(127) << 23) as u32);
+    let v = y * low * high;
+    if x < LO {
+        0.0
+    } else if x > HI {
+        f32::INFINITY
+    } else {
+        v
+    }
 }
 
 #[inline(always)]
@@ -315,6 +350,40 @@ pub fn select(cond: f32, a: f32, b: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exp_is_within_2_ulp_of_f64_over_the_normal_range() {
+        let mut x = -87.3f32;
+        while x < 88.7 {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            assert!(
+                ((got - want) / want).abs() < 2.0 * f32::EPSILON as f64,
+                "exp({x}) = {got}, expected {want}"
+            );
+            x += 0.0137;
+        }
+    }
+
+    #[test]
+    fn exp_underflows_gradually_and_overflows_to_infinity() {
+        for x in [-87.5f32, -95.0, -100.0, -103.0] {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            // Subnormal results: within one unit of the smallest subnormal.
+            assert!(
+                (got - want).abs() <= 1.5e-45,
+                "exp({x}) = {got}, expected {want}"
+            );
+        }
+        assert_eq!(exp(-104.5), 0.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(88.8), f32::INFINITY);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan());
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-0.0), 1.0);
+    }
 
     #[test]
     fn tanh_is_within_4e7_of_f64() {

@@ -147,3 +147,8 @@ pub fn random_view(rng: &mut Rng, shape: &[usize], view: View) -> (Vec<f32>, Lay
 pub fn random_contiguous(rng: &mut Rng, shape: &[usize]) -> (Vec<f32>, Layout) {
     random_view(rng, shape, View::Contiguous)
 }
+
+/// The bit patterns of `values`, for exact comparisons.
+pub fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}

@@ -16,10 +16,6 @@ fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
         .install(f)
 }
 
-fn bits(values: &[f32]) -> Vec<u32> {
-    values.iter().map(|v| v.to_bits()).collect()
-}
-
 #[test]
 fn kernels_are_bit_identical_across_thread_counts() {
     let mut rng = Rng::new(80);
@@ -56,10 +52,16 @@ fn kernels_are_bit_identical_across_thread_counts() {
                     .0,
             ),
             bits(
-                &map_rows([(&x[..], &lx)], &lx.shape, [false], |ins, cols, outs| {
-                    let [o] = outs;
-                    o[0] = (0..cols).map(|j| ins[0].at(j).exp()).sum();
-                })
+                &map_rows(
+                    [(&x[..], &lx)],
+                    &lx.shape,
+                    [true],
+                    [false],
+                    |ins, cols, outs, _| {
+                        let [o] = outs;
+                        o[0] = (0..cols).map(|j| ins[0].at(j).exp()).sum();
+                    },
+                )
                 .unwrap()[0],
             ),
             bits(

@@ -64,26 +64,32 @@ where
         // Pieces of at most SEGMENT values: the arguments are gathered into fixed-size arrays
         // first, so the body runs as a loop the compiler vectorizes (lanes past the piece's
         // end compute on zeros and are dropped).
-        for (piece, chunk) in values.chunks_mut(SEGMENT).enumerate() {
-            let start = piece * SEGMENT;
-            let flat = (batch * m + row) * n + col0 + start;
-            let at = EpilogueAt {
-                extras,
-                bases: &bases,
-                col_strides: &col_strides,
-                start,
-                flat,
-                out_ptrs: &out_ptrs,
-            };
-            // A whole piece with its width as a constant: the copies in and out become a
-            // few vector moves instead of memcpy calls.
-            if chunk.len() == SEGMENT {
-                epilogue_piece(chunk, SEGMENT, &at, &body);
-            } else {
-                let width = chunk.len();
-                epilogue_piece(chunk, width, &at, &body);
-            }
-        }
+        // Compiled for the widest vectors this CPU has (`simd::widest`).
+        crate::cpu::simd::widest(
+            #[inline(always)]
+            || {
+                for (piece, chunk) in values.chunks_mut(SEGMENT).enumerate() {
+                    let start = piece * SEGMENT;
+                    let flat = (batch * m + row) * n + col0 + start;
+                    let at = EpilogueAt {
+                        extras,
+                        bases: &bases,
+                        col_strides: &col_strides,
+                        start,
+                        flat,
+                        out_ptrs: &out_ptrs,
+                    };
+                    // A whole piece with its width as a constant: the copies in and out become a
+                    // few vector moves instead of memcpy calls.
+                    if chunk.len() == SEGMENT {
+                        epilogue_piece(chunk, SEGMENT, &at, &body);
+                    } else {
+                        let width = chunk.len();
+                        epilogue_piece(chunk, width, &at, &body);
+                    }
+                }
+            },
+        );
     };
     outs[0] = gemm(gemm_kernel(), a, la, b, lb, &product, Some(&epilogue));
     Ok((outs, product.out_shape))
