@@ -30,7 +30,7 @@ pub fn fused<const N: usize, const M: usize, F>(
     body: F,
 ) -> Result<[Tensor; M]>
 where
-    F: Fn([f32; N]) -> [f32; M] + Sync,
+    F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
 {
     let mut data: [&[f32]; N] = [&[]; N];
     for (slot, t) in data.iter_mut().zip(inputs) {
@@ -64,7 +64,7 @@ pub fn fused_donating<const N: usize, const M: usize, F>(
     body: F,
 ) -> Result<[Tensor; M]>
 where
-    F: Fn([f32; N]) -> [f32; M] + Sync,
+    F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
 {
     let mut donor: Option<(usize, Vec<f32>)> = None;
     let mut kept: [Option<Tensor>; N] = std::array::from_fn(|_| None);
@@ -117,7 +117,7 @@ pub fn rows<const N: usize, const M: usize, F>(
     body: F,
 ) -> Result<[Tensor; M]>
 where
-    F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync,
+    F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
 {
     let mut data: [&[f32]; N] = [&[]; N];
     for (slot, t) in data.iter_mut().zip(inputs) {
@@ -154,7 +154,7 @@ pub fn matmul_fused<const N: usize, const E: usize, const M: usize, F>(
     body: F,
 ) -> Result<[Tensor; M]>
 where
-    F: Fn([f32; N]) -> [f32; M] + Sync,
+    F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
 {
     if N != E + 1 {
         return Err(RtxError::Invalid(format!(

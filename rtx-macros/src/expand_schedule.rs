@@ -197,15 +197,17 @@ fn instr_with(i: &Instr, operand: impl Fn(&Operand) -> TokenStream) -> TokenStre
     }
 }
 
-/// `#[inline(always)] |[__i0, ..]: [f32; N]| { body; [outputs] }`: a pointwise group's body
-/// as the closure its driver calls once per element.
+/// `#[inline(always)] move |[__i0, ..]: [f32; N]| { body; [outputs] }`: a pointwise group's
+/// body as the closure its driver calls once per element. `move`, so that it holds the call's
+/// rounding (`__cast`) by value and the driver can copy it next to its loop (a value read
+/// through a reference there is reloaded every element, which keeps the loop scalar).
 fn pointwise_closure(inputs: usize, body: &[Instr], outputs: &[NodeId]) -> TokenStream {
     let params = (0..inputs).map(|i| format_ident!("__i{}", i));
     let instrs = body.iter().map(instr);
     let results = outputs.iter().map(|&o| format_ident!("__t{}", o));
     quote! {
         #[inline(always)]
-        |[#(#params),*]: [f32; #inputs]| {
+        move |[#(#params),*]: [f32; #inputs]| {
             #(#instrs)*
             [#(#results),*]
         }
@@ -329,11 +331,14 @@ fn matmul_row_sums(ir: &GraphFn, matmul: NodeId, sums: NodeId) -> TokenStream {
 
 /// An operand inside a row body: an input that varies along the row (`varies[i]`) is read
 /// at column `__j` of its row slice `__wI` in a pass over the row (`wide`); a row scalar is
-/// its one value.
+/// its one value, read into `__sI` before the passes.
 fn row_operand(o: &Operand, wide: bool, varies: &[bool]) -> TokenStream {
     match o {
         Operand::Input(i) => {
-            if wide && varies[*i] {
+            if !varies[*i] {
+                let s = format_ident!("__s{}", i);
+                quote!(#s)
+            } else if wide {
                 let w = format_ident!("__w{}", i);
                 quote!(#w[__j])
             } else {
@@ -466,10 +471,16 @@ fn rows(
     let out_wide: Vec<bool> = outputs.iter().map(|&o| is_wide(o)).collect();
     // Slices of exactly `__cols` values, so the passes index them without bounds checks.
     let mut prelude = TokenStream::new();
+    // Row scalars are read once, before the passes (a read inside them would be repeated
+    // every element, as the passes' stores might alias it).
     for (i, &v) in varies.iter().enumerate() {
+        let id = format_ident!("__i{}", i);
         if v {
-            let (w, id) = (format_ident!("__w{}", i), format_ident!("__i{}", i));
+            let w = format_ident!("__w{}", i);
             prelude.extend(quote!(let #w: &[f32] = &#id.row()[..__cols];));
+        } else {
+            let s = format_ident!("__s{}", i);
+            prelude.extend(quote!(let #s: f32 = #id.at(0);));
         }
     }
     for (m, &w) in out_wide.iter().enumerate() {
@@ -488,7 +499,7 @@ fn rows(
                 [#(#varies),*],
                 [#(#out_wide),*],
                 #[inline(always)]
-                |__in: &[::rtx_core::fused::RowIn<'_>; #n],
+                move |__in: &[::rtx_core::fused::RowIn<'_>; #n],
                  __cols: usize,
                  __out: &mut [&mut [f32]; #m],
                  __scratch: &mut [f32]| {

@@ -33,7 +33,7 @@ pub fn map_fused<const N: usize, const M: usize, F>(
     body: F,
 ) -> KResult<[Vec<f32>; M]>
 where
-    F: Fn([f32; N]) -> [f32; M] + Sync,
+    F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
 {
     const K: &str = "map_fused";
     for (k, (data, l)) in inputs.iter().enumerate() {
@@ -57,7 +57,7 @@ pub fn map_fused_in_place<const N: usize, const M: usize, F>(
     body: F,
 ) -> KResult<[Vec<f32>; M]>
 where
-    F: Fn([f32; N]) -> [f32; M] + Sync,
+    F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
 {
     const K: &str = "map_fused_in_place";
     check::shapes(K, donor_index < N && M > 0, || {
@@ -102,7 +102,7 @@ fn drive<const N: usize, const M: usize, F>(
     body: &F,
 ) -> [Vec<f32>; M]
 where
-    F: Fn([f32; N]) -> [f32; M] + Sync,
+    F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
 {
     let n = outs.first().map_or(0, Vec::len);
     let ptrs: [OutPtr; M] = std::array::from_fn(|m| OutPtr(outs[m].as_mut_ptr()));
@@ -208,7 +208,7 @@ fn contiguous_run<const N: usize, const M: usize, F>(
     in_place: Option<usize>,
     body: &F,
 ) where
-    F: Fn([f32; N]) -> [f32; M],
+    F: Fn([f32; N]) -> [f32; M] + Copy,
 {
     if !stream && plain_run(src, dst, at, run, in_place, body) {
         return;
@@ -270,7 +270,7 @@ fn plain_run<const N: usize, const M: usize, F>(
     body: &F,
 ) -> bool
 where
-    F: Fn([f32; N]) -> [f32; M],
+    F: Fn([f32; N]) -> [f32; M] + Copy,
 {
     let inputs_fit = src
         .iter()
@@ -287,25 +287,82 @@ where
             src[k].as_ptr()
         }
     });
-    // Compiled for the widest vectors this CPU has (`simd::widest`).
-    super::simd::widest(
-        #[inline(always)]
-        || {
-            for i in 0..run {
-                // SAFETY: every input slice holds at least `run` values and every output at
-                // least `at + run` (checked above; the donated input is output 0 itself);
-                // element `i` of the donated input is read before output 0's element `i` is
-                // written, and no other index of it is touched in this iteration.
-                unsafe {
-                    let r = body(std::array::from_fn(|k| *ins[k].add(i)));
-                    for m in 0..M {
-                        *outs[m].add(i) = r[m];
+    // Compiled for the widest vectors this CPU has (`simd::widest`). Locals, not the
+    // caller's arrays or body: `widest` runs this in a separate function, where the caller's
+    // stack is memory the stores might alias, which kept the pointers (and values the body
+    // captured, such as the call's rounding) reloaded every element and the loop scalar.
+    let body: F = *body;
+    match in_place {
+        None => super::simd::widest(
+            #[inline(always)]
+            move || {
+                let (ins, outs, run, body) = (ins, outs, run, body);
+                // SAFETY: every input holds at least `run` values and every output at least
+                // `at + run` (checked above).
+                unsafe { pointer_loop(ins, outs, run, &body) }
+            },
+        ),
+        Some(donor) => super::simd::widest(
+            #[inline(always)]
+            move || {
+                let (ins, outs, run, body) = (ins, outs, run, body);
+                // The donated input is read from a copy of each block of output 0 on the
+                // stack: reading and writing one buffer made the loop's overlap check fail,
+                // so it ran scalar; the copy never overlaps anything.
+                let mut own = [0.0f32; IN_PLACE_BLOCK];
+                let mut start = 0;
+                while start < run {
+                    let len = IN_PLACE_BLOCK.min(run - start);
+                    // SAFETY: output 0 holds `at + run` values from `outs[0]` (checked above)
+                    // and `own` holds IN_PLACE_BLOCK >= len; the ranges are disjoint. The
+                    // block offsets stay inside every buffer, and the loop reads and writes
+                    // `len` values from them.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(outs[0].add(start), own.as_mut_ptr(), len);
+                        let block_ins: [*const f32; N] = std::array::from_fn(|k| {
+                            if k == donor {
+                                own.as_ptr()
+                            } else {
+                                ins[k].add(start)
+                            }
+                        });
+                        let block_outs: [*mut f32; M] = std::array::from_fn(|m| outs[m].add(start));
+                        pointer_loop(block_ins, block_outs, len, &body);
                     }
+                    start += len;
                 }
-            }
-        },
-    );
+            },
+        ),
+    }
     true
+}
+
+/// Values of a donated input copied per block in [`plain_run`] (1 KiB of stack).
+const IN_PLACE_BLOCK: usize = 256;
+
+/// `outs[m][i] = body(ins[..][i])[m]` for `i < len`: a loop LLVM's vectorizer widens.
+///
+/// # Safety
+/// Each input pointer is valid for `len` reads and each output for `len` writes; an output
+/// range overlaps no input range.
+#[inline(always)]
+unsafe fn pointer_loop<const N: usize, const M: usize, F>(
+    ins: [*const f32; N],
+    outs: [*mut f32; M],
+    len: usize,
+    body: &F,
+) where
+    F: Fn([f32; N]) -> [f32; M] + Copy,
+{
+    for i in 0..len {
+        // SAFETY: `i < len` (the caller's contract).
+        unsafe {
+            let r = body(std::array::from_fn(|k| *ins[k].add(i)));
+            for m in 0..M {
+                *outs[m].add(i) = r[m];
+            }
+        }
+    }
 }
 
 /// Writes one block of results. When `stream` is set and the destination is 16-byte aligned,

@@ -64,7 +64,7 @@ pub fn map_rows<const N: usize, const M: usize, F>(
     body: F,
 ) -> KResult<[Vec<f32>; M]>
 where
-    F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync,
+    F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
 {
     const K: &str = "map_rows";
     for (k, (data, l)) in inputs.iter().enumerate() {
@@ -105,52 +105,59 @@ where
         })
     };
     let copies = copied.iter().flatten().count();
-    // Called from one place, inside `simd::widest`, where it is inlined.
-    let row = |r: usize, scratch: &mut [f32]| {
-        let (copy_rows, reduce_row) = scratch.split_at_mut(copies * cols);
-        let starts: [usize; N] = std::array::from_fn(|k| {
-            let (_, l) = inputs[k];
-            let split = l.rank().saturating_sub(1);
-            l.offset
-                + match row_strides[k] {
-                    Some(stride) => r * stride,
-                    None => position(r, &l.shape[..split], &l.strides[..split]),
-                }
-        });
-        for k in 0..N {
-            if let Some(slot) = copied[k] {
-                let (data, stride) = (inputs[k].0, col_strides[k]);
-                let dst = &mut copy_rows[slot * cols..(slot + 1) * cols];
-                for (j, d) in dst.iter_mut().enumerate() {
-                    *d = data[starts[k] + j * stride];
+    // Inlined inside `simd::widest` (a call would run the body compiled for the baseline).
+    let row = inline_closure(
+        #[inline(always)]
+        |r: usize, scratch: &mut [f32], body: &F| {
+            let (copy_rows, reduce_row) = scratch.split_at_mut(copies * cols);
+            let starts: [usize; N] = std::array::from_fn(|k| {
+                let (_, l) = inputs[k];
+                let split = l.rank().saturating_sub(1);
+                l.offset
+                    + match row_strides[k] {
+                        Some(stride) => r * stride,
+                        None => position(r, &l.shape[..split], &l.strides[..split]),
+                    }
+            });
+            for k in 0..N {
+                if let Some(slot) = copied[k] {
+                    let (data, stride) = (inputs[k].0, col_strides[k]);
+                    let dst = &mut copy_rows[slot * cols..(slot + 1) * cols];
+                    for (j, d) in dst.iter_mut().enumerate() {
+                        *d = data[starts[k] + j * stride];
+                    }
                 }
             }
-        }
-        let copy_rows: &[f32] = copy_rows;
-        let ins: [RowIn<'_>; N] = std::array::from_fn(|k| {
-            let data = inputs[k].0;
-            let row = match copied[k] {
-                Some(slot) => &copy_rows[slot * cols..(slot + 1) * cols],
-                None if varies[k] => &data[starts[k]..starts[k] + cols],
-                None => &data[starts[k]..starts[k] + 1],
-            };
-            RowIn { row }
-        });
-        // SAFETY: row `r` owns elements `r * width .. (r + 1) * width` of each output, which
-        // holds `rows * width`; no other row touches them.
-        let mut dst: [&mut [f32]; M] = std::array::from_fn(|m| unsafe {
-            std::slice::from_raw_parts_mut(ptrs[m].get().add(r * width(m)), width(m))
-        });
-        body(&ins, cols, &mut dst, reduce_row);
-    };
+            let copy_rows: &[f32] = copy_rows;
+            let ins: [RowIn<'_>; N] = std::array::from_fn(|k| {
+                let data = inputs[k].0;
+                let row = match copied[k] {
+                    Some(slot) => &copy_rows[slot * cols..(slot + 1) * cols],
+                    None if varies[k] => &data[starts[k]..starts[k] + cols],
+                    None => &data[starts[k]..starts[k] + 1],
+                };
+                RowIn { row }
+            });
+            // SAFETY: row `r` owns elements `r * width .. (r + 1) * width` of each output, which
+            // holds `rows * width`; no other row touches them.
+            let mut dst: [&mut [f32]; M] = std::array::from_fn(|m| unsafe {
+                std::slice::from_raw_parts_mut(ptrs[m].get().add(r * width(m)), width(m))
+            });
+            body(&ins, cols, &mut dst, reduce_row);
+        },
+    );
     let run_rows = |range: std::ops::Range<usize>| {
         let mut scratch = crate::pool::Scratch(crate::pool::take((copies + 1) * cols));
         let scratch: &mut [f32] = &mut scratch.0;
+        // The body copied into this frame: read through the caller's reference, the values
+        // it captured (the call's rounding) were reloaded every element.
+        let body: F = body;
         super::simd::widest(
             #[inline(always)]
-            || {
+            move || {
+                let body = body;
                 for r in range {
-                    row(r, scratch);
+                    row(r, scratch, &body);
                 }
             },
         );
@@ -164,6 +171,13 @@ where
             .for_each(|t| run_rows(t * per_task..rows.min((t + 1) * per_task)));
     }
     Ok(outs)
+}
+
+/// `f` itself: a closure bound with `let` cannot carry `#[inline(always)]`, one passed as an
+/// argument can.
+#[inline(always)]
+fn inline_closure<C>(c: C) -> C {
+    c
 }
 
 /// The one stride that steps through every index of `shape` in row-major order under

@@ -1,7 +1,7 @@
 use rtx_backends::Layout;
 use rtx_backends::cpu::{
-    KernelError, ReduceOp, map_fused, map_rows, reduce, row_sum, scalar, set_simd_level,
-    simd_level, simd_levels,
+    KernelError, ReduceOp, map_fused, map_fused_in_place, map_rows, reduce, row_sum, scalar,
+    set_simd_level, simd_level, simd_levels,
 };
 
 use crate::common::*;
@@ -263,5 +263,21 @@ fn fused_loops_give_the_same_bits_at_every_simd_level() {
             r.0,
             results[0].0
         );
+    }
+}
+
+#[test]
+fn fused_map_in_place_matches_the_fresh_buffer_version() {
+    // Lengths around the in-place path's 256-value blocks; a broadcast second input.
+    let mut rng = Rng::new(46);
+    for n in [1, 255, 256, 257, 1000, 70_001] {
+        let (a, b) = (rng.vec(n), rng.vec(1));
+        let la = Layout::contiguous(&[n]);
+        let lb = Layout::contiguous(&[1]).broadcast_to(&[n]);
+        let [want0, want1] = map_fused([(&a[..], &la), (&b[..], &lb)], &[n], body).unwrap();
+        let [got0, got1] =
+            map_fused_in_place([(&[][..], &la), (&b[..], &lb)], &[n], 0, a.clone(), body).unwrap();
+        assert_eq!(bits(&got0), bits(&want0), "{n} values");
+        assert_eq!(bits(&got1), bits(&want1), "{n} values");
     }
 }

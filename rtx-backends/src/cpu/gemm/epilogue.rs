@@ -21,7 +21,7 @@ pub fn matmul_fused<const N: usize, const M: usize, F>(
     body: F,
 ) -> KResult<([Vec<f32>; M], Dims)>
 where
-    F: Fn([f32; N]) -> [f32; M] + Sync,
+    F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
 {
     const K: &str = "matmul_fused";
     let product = Product::check(K, a.len(), la, b.len(), lb)?;
@@ -65,9 +65,13 @@ where
         // first, so the body runs as a loop the compiler vectorizes (lanes past the piece's
         // end compute on zeros and are dropped).
         // Compiled for the widest vectors this CPU has (`simd::widest`).
+        // The body copied into this frame: read through a reference, the values it captured
+        // (the call's rounding) were reloaded every element.
+        let body: F = body;
         crate::cpu::simd::widest(
             #[inline(always)]
-            || {
+            move || {
+                let body = body;
                 for (piece, chunk) in values.chunks_mut(SEGMENT).enumerate() {
                     let start = piece * SEGMENT;
                     let flat = (batch * m + row) * n + col0 + start;
@@ -118,7 +122,7 @@ fn epilogue_piece<const N: usize, const M: usize, F>(
     at: &EpilogueAt<'_, N, M>,
     body: &F,
 ) where
-    F: Fn([f32; N]) -> [f32; M],
+    F: Fn([f32; N]) -> [f32; M] + Copy,
 {
     let mut args = [[0.0f32; SEGMENT]; N];
     args[0][..width].copy_from_slice(&chunk[..width]);
