@@ -13,6 +13,8 @@
 //!   order of the input, which is where PyTorch's CPU kernels route the gradient;
 //! - a NaN beats every number in a maximum (PyTorch propagates NaN through `max`).
 
+// One file (beyond `reference/`): the float64 reference of each core op is one arm of one match over `Op`, kept together so every op's meaning reads in one place.
+
 // One file on purpose: `eval` is the single exhaustive `match` giving every core op its
 // float64 meaning, and the helpers below it (windows, reductions, softmax, conv) are each used
 // by one arm. It is the oracle every backend is tested against, so keeping it in one reading

@@ -1,6 +1,8 @@
 //! The lowerings of the library ops longer than one core op: each builds its composition
 //! through `Emit`, reading its arguments from `Args` by position.
 
+// One file: the lowering helpers every library op composes (broadcasting, autocast rounding, products) are shared across the table in `mod.rs`; splitting them would scatter one op's lowering.
+
 use super::{Args, Emit};
 use crate::graph::NodeId;
 use crate::infer::ShapeError;
