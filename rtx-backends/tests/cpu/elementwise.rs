@@ -58,16 +58,8 @@ const UNARY_OPS: [UnaryOp; 17] = [
     UnaryOp::PowScalar(-1.0),
     UnaryOp::AddScalar(0.75),
     UnaryOp::MulScalar(-3.0),
-    UnaryOp::Autocast(Rounding {
-        to: HalfType::Bf16,
-        scale: 1.0,
-        inv_scale: 1.0,
-    }),
-    UnaryOp::AutocastGrad(Rounding {
-        to: HalfType::F16,
-        scale: 256.0,
-        inv_scale: 1.0 / 256.0,
-    }),
+    UnaryOp::Autocast(Rounding::new(HalfType::Bf16, 1.0)),
+    UnaryOp::AutocastGrad(Rounding::new(HalfType::F16, 256.0)),
 ];
 
 #[test]

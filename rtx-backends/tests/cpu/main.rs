@@ -3,6 +3,7 @@
 
 mod common;
 
+mod attention;
 mod conv;
 mod determinism;
 mod elementwise;

@@ -84,3 +84,39 @@ fn autocast_grad_rounds_the_gradient_at_its_loss_scale() {
         assert!(same(scalar::autocast_grad(g, r), want), "{g:e}");
     }
 }
+
+#[test]
+fn rounding_inside_fused_loops_matches_the_half_crate_at_every_simd_level() {
+    // The fused loops run the rounding vectorized (one branch-free formula for every
+    // precision), so each level's vector code is checked, not only the scalar function.
+    let xs: Vec<f32> = samples();
+    let n = xs.len();
+    let l = rtx_backends::Layout::contiguous(&[n]);
+    let (bf, half) = (
+        Rounding::new(HalfType::Bf16, 1.0),
+        Rounding::new(HalfType::F16, 1024.0),
+    );
+    let initial = rtx_backends::cpu::simd_level();
+    for level in rtx_backends::cpu::simd_levels() {
+        assert!(rtx_backends::cpu::set_simd_level(level));
+        let [b, h, g, none] = rtx_backends::cpu::map_fused([(&xs[..], &l)], &[n], move |[x]| {
+            [
+                scalar::autocast(x, bf),
+                scalar::autocast(x, half),
+                scalar::autocast_grad(x, half),
+                scalar::autocast_grad(x, Rounding::NONE),
+            ]
+        })
+        .unwrap();
+        for (i, &x) in xs.iter().enumerate() {
+            assert!(same(b[i], bf16::from_f32(x).to_f32()), "{level} bf16 {x:e}");
+            assert!(same(h[i], f16::from_f32(x).to_f32()), "{level} f16 {x:e}");
+            if x.abs() < 1e30 {
+                let want = f16::from_f32(x * 1024.0).to_f32() / 1024.0;
+                assert!(same(g[i], want), "{level} grad {x:e}");
+            }
+            assert!(same(none[i], x), "{level} f32 {x:e}");
+        }
+    }
+    rtx_backends::cpu::set_simd_level(initial);
+}

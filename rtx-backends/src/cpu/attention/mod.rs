@@ -1,0 +1,242 @@
+//! Scaled dot-product attention, flash-style: `softmax(q k^T / sqrt(D)) v` per batch slice,
+//! with an online softmax over blocks of `KEY_BLOCK` keys (a running maximum and sum, the
+//! partial output rescaled when the maximum grows), so no `[Tq, Tk]` matrix is ever stored: a
+//! slice touches its q, k and v rows and the scores of a few query rows against one block of
+//! keys. The backward pass recomputes the weights of a few query rows at a time instead of
+//! saving them. `slice.rs` holds the per-slice kernels (query rows in register tiles).
+//!
+//! Slices (every index of the batch axes) run in parallel, each writing only its own rows, and
+//! every sum runs in a fixed order, so results do not depend on the thread count. Rows may be
+//! strided (the heads of `split_heads` are a permuted view); the feature axis is read with
+//! unit stride, or the operand is copied contiguous first.
+
+use super::check::{self, KResult, KernelError};
+use super::strided::{numel, position, to_contiguous};
+use crate::layout::Layout;
+use rayon::prelude::*;
+use std::borrow::Cow;
+
+mod slice;
+use slice::{backward_slice, forward_slice};
+
+/// Keys per block of the online softmax: the scores of a few query rows against one block
+/// stay in registers.
+const KEY_BLOCK: usize = 32;
+
+/// One operand seen as `slices` matrices of `rows x cols` with unit column stride.
+struct Rows<'a> {
+    data: Cow<'a, [f32]>,
+    layout: Layout,
+    rows: usize,
+    cols: usize,
+}
+
+impl<'a> Rows<'a> {
+    fn new(
+        kernel: &'static str,
+        arg: &'static str,
+        data: &'a [f32],
+        l: &Layout,
+    ) -> KResult<Rows<'a>> {
+        check::view(kernel, arg, data.len(), l)?;
+        let r = l.shape.len();
+        if r < 2 {
+            return Err(KernelError::Shapes {
+                kernel,
+                detail: format!("`{arg}` needs [.., T, D] axes, found {:?}", &l.shape[..]),
+            });
+        }
+        let (rows, cols) = (l.shape[r - 2], l.shape[r - 1]);
+        if l.strides[r - 1] == 1 || cols == 1 {
+            return Ok(Rows {
+                data: Cow::Borrowed(data),
+                layout: l.clone(),
+                rows,
+                cols,
+            });
+        }
+        let copy = to_contiguous(data, l)?;
+        Ok(Rows {
+            data: Cow::Owned(copy),
+            layout: Layout::contiguous(&l.shape),
+            rows,
+            cols,
+        })
+    }
+
+    fn batch_shape(&self) -> &[usize] {
+        &self.layout.shape[..self.layout.shape.len() - 2]
+    }
+
+    /// Slice `s` copied into `out` as contiguous `rows x cols` (a few KiB that then stay in
+    /// L1, read with unit stride however the operand is laid out).
+    fn slice_into(&self, s: usize, out: &mut Vec<f32>) {
+        let r = self.layout.shape.len();
+        let base =
+            self.layout.offset + position(s, self.batch_shape(), &self.layout.strides[..r - 2]);
+        let row_stride = self.layout.strides[r - 2];
+        out.clear();
+        for i in 0..self.rows {
+            let at = base + i * row_stride;
+            out.extend_from_slice(&self.data[at..at + self.cols]);
+        }
+    }
+}
+
+/// Per-task buffers: the slice's q (also scaled by 1/sqrt(D)), k, v (and g) rows, k and v
+/// transposed with zero columns up to a whole number of key blocks, the weights (and their
+/// gradients) of one group of query rows, and its partial outputs.
+#[derive(Default)]
+struct Scratch {
+    q: Vec<f32>,
+    qs: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    kt: Vec<f32>,
+    vt: Vec<f32>,
+    p: Vec<f32>,
+    dp: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+/// The operands, checked: equal batch axes, q and k of one width, one value row per key, and
+/// as many queries as keys when `causal`.
+fn operands<'a>(
+    kernel: &'static str,
+    (q, lq): (&'a [f32], &Layout),
+    (k, lk): (&'a [f32], &Layout),
+    (v, lv): (&'a [f32], &Layout),
+    causal: bool,
+) -> KResult<[Rows<'a>; 3]> {
+    let (q, k, v) = (
+        Rows::new(kernel, "q", q, lq)?,
+        Rows::new(kernel, "k", k, lk)?,
+        Rows::new(kernel, "v", v, lv)?,
+    );
+    let fits = q.batch_shape() == k.batch_shape()
+        && k.batch_shape() == v.batch_shape()
+        && q.cols == k.cols
+        && k.rows == v.rows
+        && (!causal || q.rows == k.rows);
+    check::shapes(kernel, fits, || {
+        format!(
+            "q {:?}, k {:?}, v {:?} do not fit [.., Tq, D], [.., Tk, D], [.., Tk, Dv]{}",
+            &q.layout.shape[..],
+            &k.layout.shape[..],
+            &v.layout.shape[..],
+            if causal { " with Tq == Tk" } else { "" }
+        )
+    })?;
+    check::elements(kernel, &q.layout.shape)?;
+    check::elements(kernel, &v.layout.shape)?;
+    Ok([q, k, v])
+}
+
+/// What one slice's work reads.
+struct Slice<'a, 'b> {
+    q: &'a Rows<'b>,
+    k: &'a Rows<'b>,
+    v: &'a Rows<'b>,
+    s: usize,
+    causal: bool,
+    scale: f32,
+}
+
+/// `softmax(q k^T / sqrt(D)) v` over the last two axes of `[.., Tq, D]`, `[.., Tk, D]` and
+/// `[.., Tk, Dv]` (batch axes equal); with `causal`, key `j` is hidden from query `i` when
+/// `j > i`. Returns the contiguous `[.., Tq, Dv]` output and its shape.
+pub fn attention(
+    q: (&[f32], &Layout),
+    k: (&[f32], &Layout),
+    v: (&[f32], &Layout),
+    causal: bool,
+) -> KResult<(Vec<f32>, Vec<usize>)> {
+    let [q, k, v] = operands("attention", q, k, v, causal)?;
+    let (tq, tk, d, dv) = (q.rows, k.rows, q.cols, v.cols);
+    let mut shape = q.layout.shape.to_vec();
+    *shape.last_mut().unwrap_or(&mut 0) = dv;
+    let slices = numel(q.batch_shape());
+    let mut out = crate::pool::take(slices * tq * dv);
+    if out.is_empty() || tk == 0 {
+        out.fill(0.0);
+        return Ok((out, shape));
+    }
+    let scale = 1.0 / (d as f32).sqrt();
+    out.par_chunks_mut(tq * dv)
+        .enumerate()
+        .for_each_init(Scratch::default, |w, (s, out)| {
+            let a = Slice {
+                q: &q,
+                k: &k,
+                v: &v,
+                s,
+                causal,
+                scale,
+            };
+            super::simd::widest(|| forward_slice(&a, w, out))
+        });
+    Ok((out, shape))
+}
+
+/// The gradients of [`attention`] with respect to q, k and v, given the output gradient `g`
+/// (`[.., Tq, Dv]`), for q, k and v of one shape: returned stacked, `[3, ..q.shape]`.
+pub fn attention_grad(
+    q: (&[f32], &Layout),
+    k: (&[f32], &Layout),
+    v: (&[f32], &Layout),
+    g: (&[f32], &Layout),
+    causal: bool,
+) -> KResult<(Vec<f32>, Vec<usize>)> {
+    const K: &str = "attention_grad";
+    let [q, k, v] = operands(K, q, k, v, causal)?;
+    let g = Rows::new(K, "g", g.0, g.1)?;
+    check::shapes(
+        K,
+        q.layout.shape == k.layout.shape && k.layout.shape == v.layout.shape,
+        || {
+            format!(
+                "the stacked gradient needs q, k and v of one shape, found {:?}, {:?}, {:?}",
+                &q.layout.shape[..],
+                &k.layout.shape[..],
+                &v.layout.shape[..]
+            )
+        },
+    )?;
+    check::shapes(K, g.layout.shape == q.layout.shape, || {
+        format!(
+            "the output gradient is {:?}, the output {:?}",
+            &g.layout.shape[..],
+            &q.layout.shape[..]
+        )
+    })?;
+    let (t, d) = (q.rows, q.cols);
+    let slices = numel(q.batch_shape());
+    let part = slices * t * d;
+    let mut shape = vec![3];
+    shape.extend_from_slice(&q.layout.shape);
+    let mut out = crate::pool::take(3 * part);
+    out.fill(0.0);
+    if part == 0 {
+        return Ok((out, shape));
+    }
+    let scale = 1.0 / (d as f32).sqrt();
+    let (dq, rest) = out.split_at_mut(part);
+    let (dk, dv) = rest.split_at_mut(part);
+    dq.par_chunks_mut(t * d)
+        .zip(dk.par_chunks_mut(t * d))
+        .zip(dv.par_chunks_mut(t * d))
+        .enumerate()
+        .for_each_init(Scratch::default, |w, (s, ((dq, dk), dv))| {
+            let a = Slice {
+                q: &q,
+                k: &k,
+                v: &v,
+                s,
+                causal,
+                scale,
+            };
+            super::simd::widest(|| backward_slice(&a, w, &g, (dq, dk, dv)))
+        });
+    Ok((out, shape))
+}
