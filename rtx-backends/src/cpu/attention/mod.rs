@@ -2,8 +2,9 @@
 //! with an online softmax over blocks of `KEY_BLOCK` keys (a running maximum and sum, the
 //! partial output rescaled when the maximum grows), so no `[Tq, Tk]` matrix is ever stored: a
 //! slice touches its q, k and v rows and the scores of a few query rows against one block of
-//! keys. The backward pass recomputes the weights of a few query rows at a time instead of
-//! saving them. `slice.rs` holds the per-slice kernels (query rows in register tiles).
+//! keys. The backward pass recomputes the weights of 64 query rows at a time (`64 x Tk`
+//! values) instead of saving them. `slice.rs` holds the per-slice kernels (query rows in
+//! register tiles).
 //!
 //! Slices (every index of the batch axes) run in parallel, each writing only its own rows, and
 //! every sum runs in a fixed order, so results do not depend on the thread count. Rows may be
@@ -174,7 +175,12 @@ pub fn attention(
                 causal,
                 scale,
             };
-            super::simd::widest(|| forward_slice(&a, w, out))
+            // Inlined into `widest`'s copy for the CPU's vector width (a closure
+            // left as a call of its own was compiled for the baseline).
+            super::simd::widest(
+                #[inline(always)]
+                || forward_slice(&a, w, out),
+            )
         });
     Ok((out, shape))
 }
@@ -236,7 +242,10 @@ pub fn attention_grad(
                 causal,
                 scale,
             };
-            super::simd::widest(|| backward_slice(&a, w, &g, (dq, dk, dv)))
+            super::simd::widest(
+                #[inline(always)]
+                || backward_slice(&a, w, &g, (dq, dk, dv)),
+            )
         });
     Ok((out, shape))
 }

@@ -2,12 +2,12 @@
 //! row read from L1 serves `ROWS` queries from registers (one row at a time, a slice's
 //! products ran at about 28 GFLOP/s; the loads, not the arithmetic, were the limit).
 //!
-//! Every value is computed in the order the one-row-at-a-time kernel used: a score is its
-//! dot product in order of the feature axis, a row's sums and maxima run in `LANES`
-//! interleaved lanes, an output or gradient row adds its terms in order of the key (or the
-//! query). A group of rows covers the keys its last row sees; the keys that an earlier row of
-//! the group may not see get weight 0 (and their scores -inf), which adds nothing: the
-//! results are the bits of row-by-row evaluation for finite inputs.
+//! Every sum runs in a fixed order: a score is its dot product in order of the feature axis,
+//! a row's sums and maxima run in `LANES` interleaved lanes, an output row adds each key
+//! block's terms in order of the key and then the block's sum, a key's gradient row adds
+//! each query group's terms. A group of rows covers the keys its last row sees; the keys
+//! that an earlier row of the group may not see get weight 0 (their scores -inf), which
+//! adds nothing.
 
 use super::{KEY_BLOCK, Rows, Scratch, Slice};
 use crate::cpu::scalar::exp;
@@ -104,6 +104,32 @@ fn scaled_into(m: &[f32], scale: f32, out: &mut Vec<f32>) {
     out.extend(m.iter().map(|&x| x * scale));
 }
 
+/// One register tile of a small product, for `i < R` and `l < W`:
+/// `out[i][l] = sum over e < len of a[i * ai + e * ae] * b[e * bs + col + l]`, in order of
+/// `e`. Every product of the kernels is this one loop nest (`a` read with any two strides, so
+/// transposed too):
+/// written once in the shape the compiler keeps in vector registers (`R x W` sums starting
+/// from zero, `W` along the vector), where variants that loaded the sums from memory or
+/// zipped the rows came out scalar or as gathers.
+#[inline(always)]
+fn tile<const R: usize, const W: usize>(
+    (a, ai, ae): (&[f32], usize, usize),
+    len: usize,
+    (b, bs, col): (&[f32], usize, usize),
+) -> [[f32; W]; R] {
+    let mut s = [[0.0f32; W]; R];
+    for e in 0..len {
+        let b = &b[e * bs + col..e * bs + col + W];
+        for (i, s) in s.iter_mut().enumerate() {
+            let x = a[i * ai + e * ae];
+            for (o, &y) in s.iter_mut().zip(b) {
+                *o += x * y;
+            }
+        }
+    }
+    s
+}
+
 /// `s[r][j] = sum over e of a[r][e] * bt[e][start + j]` for `R` rows of `a` (`R x d`,
 /// contiguous) and one block of columns of `bt` (`d x stride`), each sum in order of `e`.
 #[inline(always)]
@@ -114,22 +140,11 @@ fn block_products<const R: usize>(
     stride: usize,
     start: usize,
 ) -> [[f32; KEY_BLOCK]; R] {
-    let mut s = [[0.0f32; KEY_BLOCK]; R];
-    let a = &a[..R * d];
-    for e in 0..d {
-        let b = &bt[e * stride + start..e * stride + start + KEY_BLOCK];
-        for (r, s) in s.iter_mut().enumerate() {
-            let x = a[r * d + e];
-            for (o, &y) in s.iter_mut().zip(b) {
-                *o += x * y;
-            }
-        }
-    }
-    s
+    tile::<R, KEY_BLOCK>((a, d, 1), d, (bt, stride, start))
 }
 
-/// `acc[r][c..c + W] += sum over j < n of p[r][j] * v[j][c..c + W]`, in order of `j`, the
-/// `R x W` partial sums held in registers.
+/// `acc[r][c..c + W] += sum over j < n of p[r][j] * v[j][c..c + W]`: the block's sum in
+/// order of `j`, then added.
 #[inline(always)]
 fn add_weighted_cols<const R: usize, const W: usize>(
     p: &[[f32; KEY_BLOCK]; R],
@@ -139,22 +154,18 @@ fn add_weighted_cols<const R: usize, const W: usize>(
     c: usize,
     acc: &mut [f32],
 ) {
-    let n = n.min(KEY_BLOCK);
-    let mut a = [[0.0f32; W]; R];
-    for (r, a) in a.iter_mut().enumerate() {
-        a.copy_from_slice(&acc[r * dv + c..r * dv + c + W]);
-    }
-    for j in 0..n {
-        let x = &v[j * dv + c..j * dv + c + W];
-        for (a, p) in a.iter_mut().zip(p) {
-            let w = p[j];
-            for (o, &y) in a.iter_mut().zip(x) {
-                *o += w * y;
-            }
-        }
-    }
+    let p = p.as_flattened();
+    let a = tile::<R, W>((p, KEY_BLOCK, 1), n.min(KEY_BLOCK), (v, dv, c));
     for (r, a) in a.iter().enumerate() {
-        acc[r * dv + c..r * dv + c + W].copy_from_slice(a);
+        add_into(&mut acc[r * dv + c..r * dv + c + W], a);
+    }
+}
+
+/// `dst += src`, elementwise.
+#[inline(always)]
+fn add_into(dst: &mut [f32], src: &[f32]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d += s;
     }
 }
 
@@ -292,8 +303,9 @@ struct BackwardData<'a> {
     scale: f32,
 }
 
-/// `dq[first + r][c..c + W] += sum over j < end of ds[r][j] * k[j][c..c + W]`, in order of
-/// `j`; `ds` holds `R` rows of `stride` values.
+/// `dq[first + r][c..c + W] = sum over j < end of ds[r][j] * k[j][c..c + W]`, in order of
+/// `j` (each query row's gradient comes from its own group alone); `ds` holds `R` rows of
+/// `stride` values.
 #[inline(always)]
 fn dq_cols<const R: usize, const W: usize>(
     (ds, stride): (&[f32], usize),
@@ -301,82 +313,81 @@ fn dq_cols<const R: usize, const W: usize>(
     (first, end, c): (usize, usize, usize),
     dq: &mut [f32],
 ) {
-    let mut a = [[0.0f32; W]; R];
-    for (r, a) in a.iter_mut().enumerate() {
-        let at = (first + r) * d + c;
-        a.copy_from_slice(&dq[at..at + W]);
-    }
-    for j in 0..end {
-        let x = &k[j * d + c..j * d + c + W];
-        for (r, a) in a.iter_mut().enumerate() {
-            let s = ds[r * stride + j];
-            for (o, &y) in a.iter_mut().zip(x) {
-                *o += s * y;
-            }
-        }
-    }
+    let a = tile::<R, W>((ds, stride, 1), end, (k, d, c));
     for (r, a) in a.iter().enumerate() {
         let at = (first + r) * d + c;
         dq[at..at + W].copy_from_slice(a);
     }
 }
 
-/// `dk[j][c..c + W] += ds[r][j] * q[first + r][c..c + W]` and `dv[j][..] += p[r][j] *
-/// g[first + r][..]` for `j < end`, the rows `r` added in order, the group's `R` query and
-/// gradient chunks held in registers.
+/// Keys per tile of the key and value gradients.
+const KEYS: usize = 4;
+
+/// Query rows whose weights are kept at once in the backward pass (`QUERY_CHUNK x T` values
+/// each for the weights and their gradients): the key and value gradients then sum over this
+/// many rows in registers before adding to memory.
+const QUERY_CHUNK: usize = 64;
+
+/// `dk[j][c..c + W] += sum over the chunk's rows i of ds[i][j] * q[i][c..c + W]` and
+/// `dv[j][..] += sum over i of p[i][j] * g[i][..]` for `j < end`, in order of `i`, then
+/// added; `KEYS` keys per tile (then one at a time). With `causal`, rows before key `j`
+/// weigh it 0 and are skipped.
 #[inline(always)]
-fn dkv_cols<const R: usize, const W: usize>(
+fn dkv_cols<const W: usize>(
+    x: &SliceData<'_>,
     (ds, p, stride): (&[f32], &[f32], usize),
     (q, g, d): (&[f32], &[f32], usize),
-    (first, end, c): (usize, usize, usize),
+    (first, rows, end, c): (usize, usize, usize, usize),
     (dk, dv): (&mut [f32], &mut [f32]),
 ) {
-    let mut qc = [[0.0f32; W]; R];
-    let mut gc = [[0.0f32; W]; R];
-    for r in 0..R {
-        let at = (first + r) * d + c;
-        qc[r].copy_from_slice(&q[at..at + W]);
-        gc[r].copy_from_slice(&g[at..at + W]);
-    }
-    for j in 0..end {
-        let at = j * d + c;
-        let mut a = [0.0f32; W];
-        a.copy_from_slice(&dk[at..at + W]);
-        for (r, qc) in qc.iter().enumerate() {
-            let s = ds[r * stride + j];
-            for (o, &y) in a.iter_mut().zip(qc) {
-                *o += s * y;
+    // The chunk's row that first sees key `j`, counted from the chunk's first row.
+    let skip = |j: usize| if x.causal { j.saturating_sub(first) } else { 0 };
+    let mut j = 0;
+    while j < end {
+        let e0 = skip(j);
+        let keys = if j + KEYS <= end { KEYS } else { 1 };
+        if e0 < rows {
+            let len = rows - e0;
+            let (q, g) = (&q[(first + e0) * d..], &g[(first + e0) * d..]);
+            let (ds, p) = (&ds[e0 * stride + j..], &p[e0 * stride + j..]);
+            if keys == KEYS {
+                let tk = tile::<KEYS, W>((ds, 1, stride), len, (q, d, c));
+                let tv = tile::<KEYS, W>((p, 1, stride), len, (g, d, c));
+                for (i, (tk, tv)) in tk.iter().zip(&tv).enumerate() {
+                    let at = (j + i) * d + c;
+                    add_into(&mut dk[at..at + W], tk);
+                    add_into(&mut dv[at..at + W], tv);
+                }
+            } else {
+                let [tk] = tile::<1, W>((ds, 1, stride), len, (q, d, c));
+                let [tv] = tile::<1, W>((p, 1, stride), len, (g, d, c));
+                let at = j * d + c;
+                add_into(&mut dk[at..at + W], &tk);
+                add_into(&mut dv[at..at + W], &tv);
             }
         }
-        dk[at..at + W].copy_from_slice(&a);
-        a.copy_from_slice(&dv[at..at + W]);
-        for (r, gc) in gc.iter().enumerate() {
-            let s = p[r * stride + j];
-            for (o, &y) in a.iter_mut().zip(gc) {
-                *o += s * y;
-            }
-        }
-        dv[at..at + W].copy_from_slice(&a);
+        j += keys;
     }
 }
 
-/// The gradient contributions of query rows `first..first + R`: their weights recomputed
-/// (`p`), the weights' gradients (`ds`, in `dp`), then dq of these rows and their
-/// contributions to dk and dv of every key they see.
+/// The weights of query rows `first..first + R` recomputed into rows `at..at + R` of `p`,
+/// their gradients `ds` into `dp` (both zero from each row's last key to `width`), and
+/// these rows' dq.
 #[inline(always)]
 fn backward_rows<const R: usize>(
     x: &SliceData<'_>,
     y: &BackwardData<'_>,
-    first: usize,
+    (first, at, width): (usize, usize, usize),
     (p, dp): (&mut [f32], &mut [f32]),
-    (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
+    dq: &mut [f32],
 ) {
     let (d, stride) = (x.d, x.stride);
     let end = x.key_end(first + R - 1);
-    let width = padded(end);
+    let own = padded(end);
     let qs = &x.qs[first * d..(first + R) * d];
     let g = &y.g[first * d..(first + R) * d];
-    for start in (0..width).step_by(KEY_BLOCK) {
+    let (p, dp) = (&mut p[at * stride..], &mut dp[at * stride..]);
+    for start in (0..own).step_by(KEY_BLOCK) {
         let s = block_products::<R>(qs, d, x.kt, stride, start);
         let o = block_products::<R>(g, d, y.vt, stride, start);
         for r in 0..R {
@@ -389,28 +400,71 @@ fn backward_rows<const R: usize>(
         let pr = &mut p[r * stride..r * stride + width];
         let dpr = &mut dp[r * stride..r * stride + width];
         // This row's weights, recomputed; the keys it does not see weigh 0.
-        pr[seen..].fill(f32::NEG_INFINITY);
-        let max = lane_max(pr);
-        for s in pr.iter_mut() {
+        pr[seen..own].fill(f32::NEG_INFINITY);
+        let max = lane_max(&pr[..own]);
+        for s in pr[..own].iter_mut() {
             *s = exp(*s - max);
         }
-        let inv = 1.0 / lane_sum(pr);
-        pr.iter_mut().for_each(|s| *s *= inv);
+        let inv = 1.0 / lane_sum(&pr[..own]);
+        pr[..own].iter_mut().for_each(|s| *s *= inv);
         // dP = g v^T, then dS = P * (dP - sum(P * dP)), scaled for q and k.
-        let dot = lane_dot(pr, dpr);
-        for (s, &pw) in dpr.iter_mut().zip(pr.iter()) {
+        let dot = lane_dot(&pr[..own], &dpr[..own]);
+        for (s, &pw) in dpr[..own].iter_mut().zip(pr.iter()) {
             *s = pw * (*s - dot) * y.scale;
         }
+        pr[seen..].fill(0.0);
         dpr[seen..].fill(0.0);
     }
     let full = d / LANES * LANES;
     for c in (0..full).step_by(LANES) {
         dq_cols::<R, LANES>((dp, stride), (y.k, d), (first, end, c), dq);
-        dkv_cols::<R, LANES>((dp, p, stride), (y.q, y.g, d), (first, end, c), (dk, dv));
     }
     for c in full..d {
         dq_cols::<R, 1>((dp, stride), (y.k, d), (first, end, c), dq);
-        dkv_cols::<R, 1>((dp, p, stride), (y.q, y.g, d), (first, end, c), (dk, dv));
+    }
+}
+
+/// Query rows `first..first + rows`: their weights and weight gradients (groups of `ROWS`),
+/// their dq, and their contributions to dk and dv of every key they see.
+#[inline(always)]
+fn backward_chunk(
+    x: &SliceData<'_>,
+    y: &BackwardData<'_>,
+    (first, rows): (usize, usize),
+    (p, dp): (&mut [f32], &mut [f32]),
+    (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
+) {
+    let d = x.d;
+    let end = x.key_end(first + rows - 1);
+    let width = padded(end);
+    let mut r = 0;
+    while r + ROWS <= rows {
+        backward_rows::<ROWS>(x, y, (first + r, r, width), (p, dp), dq);
+        r += ROWS;
+    }
+    while r < rows {
+        backward_rows::<1>(x, y, (first + r, r, width), (p, dp), dq);
+        r += 1;
+    }
+    let (ds, p) = (&*dp, &*p);
+    let full = d / LANES * LANES;
+    for c in (0..full).step_by(LANES) {
+        dkv_cols::<LANES>(
+            x,
+            (ds, p, x.stride),
+            (y.q, y.g, d),
+            (first, rows, end, c),
+            (dk, dv),
+        );
+    }
+    for c in full..d {
+        dkv_cols::<1>(
+            x,
+            (ds, p, x.stride),
+            (y.q, y.g, d),
+            (first, rows, end, c),
+            (dk, dv),
+        );
     }
 }
 
@@ -432,8 +486,9 @@ pub(super) fn backward_slice(
     let stride = padded(t);
     transpose_padded(&w.k, t, d, stride, &mut w.kt);
     transpose_padded(&w.v, t, d, stride, &mut w.vt);
-    w.p.resize(ROWS * stride, 0.0);
-    w.dp.resize(ROWS * stride, 0.0);
+    let chunk = QUERY_CHUNK.min(t);
+    w.p.resize(chunk * stride, 0.0);
+    w.dp.resize(chunk * stride, 0.0);
     let x = SliceData {
         qs: &w.qs,
         kt: &w.kt,
@@ -449,13 +504,8 @@ pub(super) fn backward_slice(
         vt: &w.vt,
         scale: a.scale,
     };
-    let mut first = 0;
-    while first + ROWS <= t {
-        backward_rows::<ROWS>(&x, &y, first, (&mut w.p, &mut w.dp), (dq, dk, dv));
-        first += ROWS;
-    }
-    while first < t {
-        backward_rows::<1>(&x, &y, first, (&mut w.p, &mut w.dp), (dq, dk, dv));
-        first += 1;
+    for first in (0..t).step_by(QUERY_CHUNK) {
+        let rows = QUERY_CHUNK.min(t - first);
+        backward_chunk(&x, &y, (first, rows), (&mut w.p, &mut w.dp), (dq, dk, dv));
     }
 }
