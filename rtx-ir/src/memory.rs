@@ -11,7 +11,7 @@
 use crate::fusion::Step;
 use crate::graph::{GraphFn, NodeId};
 use crate::op::{DType, Op};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Ops whose result is a view of their first argument's buffer.
 pub fn is_view(op: &Op) -> bool {
@@ -63,17 +63,17 @@ pub fn deaths(f: &GraphFn, steps: &[Step], roots: &[NodeId]) -> Vec<Vec<NodeId>>
             last_read.insert(v, i);
         }
     }
+    // Only values a step computed are owned by the function; leaves belong to the caller. (A
+    // value's last reader never comes before the step that computes it.)
+    let computed: HashSet<NodeId> = steps.iter().flat_map(step_outputs).collect();
     let mut out = vec![Vec::new(); steps.len()];
     let mut dying: Vec<(NodeId, usize)> = last_read
         .into_iter()
-        .filter(|(v, _)| !roots.contains(v))
+        .filter(|(v, _)| !roots.contains(v) && computed.contains(v))
         .collect();
     dying.sort_unstable();
     for (v, i) in dying {
-        // Only values a step computed are owned by the function; leaves belong to the caller.
-        if steps[..=i].iter().any(|s| step_outputs(s).contains(&v)) {
-            out[i].push(v);
-        }
+        out[i].push(v);
     }
     out
 }
