@@ -6,8 +6,6 @@
 //! may hold for some values, so the rule records an `Obligation` in the `Unifier`; the macro
 //! checks it when the model is instantiated with concrete values.
 
-// One file: the shape rule of every core op is one arm of one match over `Op`, so an op's rule is found next to the others'; the helpers are shared by many arms.
-
 // One file on purpose: the shape rules are a single exhaustive `match` over `Op`, so adding a
 // core op fails to compile until its rule is written here, and the unifier they share lives
 // beside them. It will shrink as composite ops (softmax, cross_entropy, pools, conv grads)

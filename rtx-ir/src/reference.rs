@@ -13,14 +13,6 @@
 //!   order of the input, which is where PyTorch's CPU kernels route the gradient;
 //! - a NaN beats every number in a maximum (PyTorch propagates NaN through `max`).
 
-// One file (beyond `reference/`): the float64 reference of each core op is one arm of one match over `Op`, kept together so every op's meaning reads in one place.
-
-// One file on purpose: `eval` is the single exhaustive `match` giving every core op its
-// float64 meaning, and the helpers below it (windows, reductions, softmax, conv) are each used
-// by one arm. It is the oracle every backend is tested against, so keeping it in one reading
-// order matters more than size; it shrinks as composite ops become library compositions,
-// which need no reference of their own.
-
 // One file on purpose for the most part: `eval` is a single exhaustive `match` over `Op`, so
 // a new core op does not compile until its meaning is written, and the helpers every op
 // shares (broadcasting, reductions, windows) sit beside it. Ops with a reference of their own

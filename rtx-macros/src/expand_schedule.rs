@@ -8,7 +8,8 @@
 //! checks inputs and parameters once on entry. Output shapes are computed from the IR's
 //! dimensions with the run-time values of the symbols.
 
-// One file: each fused step kind's emission (pointwise, rows, epilogues) shares the operand and binding helpers here; the schedule reads top to bottom.
+// One file: each fused step kind's emission (pointwise, rows, epilogues) shares the operand
+// and binding helpers here; the schedule reads top to bottom.
 
 use crate::internals::ast::GraphFnDef;
 use crate::internals::lower::ParamRef;

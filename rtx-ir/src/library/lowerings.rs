@@ -1,7 +1,9 @@
 //! The lowerings of the library ops longer than one core op: each builds its composition
 //! through `Emit`, reading its arguments from `Args` by position.
 
-// One file: the lowering helpers every library op composes (broadcasting, autocast rounding, products) are shared across the table in `mod.rs`; splitting them would scatter one op's lowering.
+// One file: the lowering helpers every library op composes (broadcasting, autocast
+// rounding, products) are shared across the table in `mod.rs`; splitting them would scatter
+// one op's lowering.
 
 use super::{Args, Emit};
 use crate::graph::NodeId;

@@ -5,8 +5,6 @@
 //! Calls to other graph functions and to nested `#[model]` fields are inlined, so the whole
 //! model is one graph to differentiate.
 
-// One file: lowering walks the user's graph body expression by expression with one scope and one error context; the per-expression arms share them.
-
 // One file, with a reason: everything here is one `impl Lowerer` walking the user's syntax
 // tree with one `Scope` (names, poisoned bindings, symbols, the nested model being inlined),
 // and its error recovery (a failed expression returns `None`, silently to everything that
