@@ -14,7 +14,8 @@ root. The work goes group by group: one group in rtx, then in each peer, then th
 so that load from elsewhere on the machine, which drifts, hits both sides of a ratio alike.
 A peer that cannot be imported is skipped with a printed note.
 
-What is measured, on every side: the same shapes, a few untimed warm-up iterations, then
+What is measured, on every side: the same shapes, untimed warm-up iterations (a few, and at least
+0.3 s), then
 timed iterations one by one (time.perf_counter here, std::time::Instant in rtx), stopping at
 a per-bench iteration count or time budget (at least 3 iterations); the figure is the median.
 The plans below mirror models/src/bench.rs; keep the two in sync.
@@ -79,11 +80,17 @@ GEMM_SHAPES = [(256, 64, 128), (256, 128, 10), (256, 1024, 1024), (1024, 128, 51
 DIGITS = {"median_us": 1, "min_us": 1, "gbps": 2, "gflops": 1, "ratio_to_copy": 3, "tokens_per_s": 0}
 
 
+# Warm-up lasts at least this long (seconds), as MIN_WARMUP in models/src/bench/mod.rs.
+MIN_WARMUP_S = 0.3
+
+
 def measure(plan, work):
     """Median and minimum wall time of `work()` in microseconds, and the iteration count."""
     warmup, iters, budget_ms = plan
-    for _ in range(warmup):
+    warming, warmed = time.perf_counter(), 0
+    while warmed < warmup or time.perf_counter() - warming < MIN_WARMUP_S:
         work()
+        warmed += 1
     samples = []
     started = time.perf_counter()
     while len(samples) < max(iters, MIN_ITERS):

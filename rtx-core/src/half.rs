@@ -4,7 +4,7 @@
 //! between f32, bf16 and f16 (rounding to nearest, ties to even, as PyTorch's `.to()`), and
 //! `Tensor::matmul` multiplies two tensors of one dtype: bf16 and f16 operands are multiplied
 //! and summed in f32 (`rtx_backends::cpu::matmul_bf16` / `matmul_f16`, the bf16 one with
-//! `vdpbf16ps` where `RTX_BF16=dpbf16` asks for it), and the product is f32. Other kernels
+//! `vdpbf16ps` on AMD CPUs that have it, see `bf16_kernel`), and the product is f32. Other kernels
 //! read f32: a half tensor passed to them is an `RtxError::DTypeMismatch` naming its dtype,
 //! never a silent conversion. Compiled graphs take f32 inputs (mixed precision in `graph!`
 //! is the GPT issue's work).

@@ -2,8 +2,8 @@
 //! GEMM, printed one result per line as `bench=<name> key=value ...` so that
 //! `scripts/bench_peers.py` can parse them and set them next to PyTorch and NumPy.
 //!
-//! Method: each piece of work runs a few untimed warm-up iterations (first-touch page faults,
-//! rayon pool start-up, the model IR being parsed once), then timed iterations measured one by
+//! Method: each piece of work runs untimed warm-up iterations (at least a few, and for at least
+//! `MIN_WARMUP`: first-touch page faults, rayon pool start-up, the model IR being parsed once), then timed iterations measured one by
 //! one with `Instant`; the line reports the median (robust to the odd scheduler hiccup) and the
 //! minimum. Big workloads stop early at a time budget so the whole run stays well under two
 //! minutes; `iters=` says how many timed iterations a figure rests on.
@@ -29,6 +29,11 @@ struct Plan {
 
 /// Fewest timed iterations behind any median, whatever the budget.
 const MIN_ITERS: usize = 3;
+
+/// Warm-up lasts at least this long, however many iterations that takes: on the Zen 4 VMs
+/// the first of two identical step benchmarks in one process ran 15-20% slower than the
+/// second after 20 warm-up iterations (6 ms), whichever of them came first.
+const MIN_WARMUP: Duration = Duration::from_millis(300);
 
 impl Plan {
     const fn new(warmup: usize, iters: usize, budget_ms: u64) -> Plan {
@@ -78,8 +83,11 @@ fn median(values: &[f64]) -> f64 {
 
 /// Runs `work` as `plan` says; an error from `work` stops the measurement and is returned.
 fn measure(plan: Plan, mut work: impl FnMut() -> Result<()>) -> Result<Timing> {
-    for _ in 0..plan.warmup {
+    let warming = Instant::now();
+    let mut warmed = 0;
+    while warmed < plan.warmup || warming.elapsed() < MIN_WARMUP {
         work()?;
+        warmed += 1;
     }
     let started = Instant::now();
     let mut samples_us = Vec::with_capacity(plan.iters);

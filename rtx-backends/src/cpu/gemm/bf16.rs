@@ -42,17 +42,40 @@ pub fn bf16_kernels() -> Vec<Bf16Kernel> {
         .collect()
 }
 
-/// The kernel `matmul_bf16` uses: `Widen`, unless `RTX_BF16=dpbf16` asks for `vdpbf16ps` and
-/// this CPU has it. Measured on a Sapphire Rapids Xeon (2 cores, `models bench --filter
-/// gemm_bf16` with each): widening then the f32 GEMM runs at 309 GFLOP/s for n = 1024,
-/// `vdpbf16ps` at 178. It does twice the multiply-adds per instruction but issues at half
-/// the rate of an f32 FMA there, and its pair packing costs more.
+/// The kernel `matmul_bf16` uses. `RTX_BF16=widen` or `RTX_BF16=dpbf16` forces one (the
+/// second only where the CPU has it); otherwise `vdpbf16ps` on AMD CPUs that have it, and
+/// widening elsewhere. Measured (2 cores, `models bench --filter gemm_bf16` with each):
+/// on a Sapphire Rapids Xeon widening then the f32 GEMM runs at 309 GFLOP/s for n = 1024
+/// and `vdpbf16ps` at 178 (it does twice the multiply-adds per instruction but issues at
+/// half the rate of an f32 FMA there, and its pair packing costs more); on an AMD EPYC Zen 4
+/// `vdpbf16ps` runs at 214-274 GFLOP/s for n = 512-2048 and widening at 153-165, as Zen 4
+/// issues it at the rate of its f32 FMA.
 pub fn bf16_kernel() -> Bf16Kernel {
     static KERNEL: std::sync::OnceLock<Bf16Kernel> = std::sync::OnceLock::new();
-    *KERNEL.get_or_init(|| match std::env::var("RTX_BF16").as_deref() {
-        Ok("dpbf16") if supported(Bf16Kernel::Avx512Bf16) => Bf16Kernel::Avx512Bf16,
-        _ => Bf16Kernel::Widen,
+    *KERNEL.get_or_init(|| {
+        let dpbf16 = supported(Bf16Kernel::Avx512Bf16);
+        match std::env::var("RTX_BF16").as_deref() {
+            Ok("widen") => Bf16Kernel::Widen,
+            Ok("dpbf16") if dpbf16 => Bf16Kernel::Avx512Bf16,
+            _ if dpbf16 && cpu_vendor_is_amd() => Bf16Kernel::Avx512Bf16,
+            _ => Bf16Kernel::Widen,
+        }
     })
+}
+
+/// Whether CPUID names AMD as the vendor ("AuthenticAMD").
+fn cpu_vendor_is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let leaf = std::arch::x86_64::__cpuid(0);
+        let mut vendor = [0u8; 12];
+        vendor[..4].copy_from_slice(&leaf.ebx.to_le_bytes());
+        vendor[4..8].copy_from_slice(&leaf.edx.to_le_bytes());
+        vendor[8..].copy_from_slice(&leaf.ecx.to_le_bytes());
+        &vendor == b"AuthenticAMD"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Batched bf16 matmul with f32 results: a [..., M, K] @ b [..., K, N] -> [..., M, N], batch
