@@ -30,9 +30,9 @@ struct Plan {
 /// Fewest timed iterations behind any median, whatever the budget.
 const MIN_ITERS: usize = 3;
 
-/// Warm-up lasts at least this long, however many iterations that takes: on the Zen 4 VMs
-/// the first of two identical step benchmarks in one process ran 15-20% slower than the
-/// second after 20 warm-up iterations (6 ms), whichever of them came first.
+/// Warm-up lasts at least this long, however many iterations that takes: a plan's count of
+/// iterations of a 200 µs step is a few milliseconds, too short to be sure that start-up
+/// effects (first-touch page faults, pool threads starting, clock ramp-up) are over.
 const MIN_WARMUP: Duration = Duration::from_millis(300);
 
 impl Plan {
