@@ -27,6 +27,7 @@ pub mod parallel;
 pub mod resume;
 pub mod rng;
 pub mod schedule;
+pub mod slots;
 pub mod tensor;
 pub mod train;
 

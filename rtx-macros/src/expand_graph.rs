@@ -2,6 +2,7 @@
 //! function at compile time, then emit straight-line Rust for the forward pass and, for
 //! scalar-valued functions, the forward+backward pass (`<name>_and_grads`).
 
+use crate::expand_kernels::Kernels;
 use crate::expand_schedule::{self as schedule, dim_expr};
 use crate::internals::ast::{ElemType, GraphDef, GraphFnDef, ModelStruct};
 use crate::internals::ctxt::Ctxt;
@@ -226,10 +227,11 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
     let mut obligations = Vec::new();
     let mut all_lowered = true;
     let mut silent = Vec::new();
+    let mut kernels = Kernels::default();
     for (fi, f) in graph.fns.iter().enumerate() {
         let (lowered, broken_nested) = lower_fn(&cx, &model, &graph, f, &nested);
         if let Some((ir, params, obl)) = lowered {
-            methods.push(emit_fn(&model, f, fi, &ir, &params));
+            methods.push(emit_fn(&mut kernels, &model, f, fi, &ir, &params));
             fns_ir.push(ir);
             obligations.extend(obl);
         } else {
@@ -262,7 +264,7 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
         model: model.name.to_string(),
         functions: fns_ir,
     };
-    report_expansion_time(&ir, started);
+    report_expansion_time(&ir, kernels.len(), started);
     let json = ir
         .to_json()
         .map_err(|e| syn::Error::new(Span::call_site(), e))?;
@@ -279,6 +281,7 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
             ::rtx_core::__model_impl! { @nested { @struct { #s } @impl { #item_impl } #(#nested_sections)* } $($rest)* }
         ),
     );
+    let kernel_items = kernels.items();
     let model_trait =
         crate::expand_model_trait::emit_model_trait(&graph, &item_impl.generics, self_ty);
     Ok(quote! {
@@ -308,6 +311,8 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
             const RTX_SHAPE_CHECKS: () = { #obligation_checks };
 
             #(#methods)*
+
+            #(#kernel_items)*
         }
 
         #model_trait
@@ -320,13 +325,13 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
 /// With `RTX_EXPANSION_TIME` set, prints how long the compiler took on this model (parse,
 /// shape checks, lowering, autodiff, fusion planning, code generation; rustc's own work on
 /// the output is not included).
-fn report_expansion_time(ir: &ModelIr, started: std::time::Instant) {
+fn report_expansion_time(ir: &ModelIr, kernels: usize, started: std::time::Instant) {
     if std::env::var_os("RTX_EXPANSION_TIME").is_none() {
         return;
     }
     let nodes: usize = ir.functions.iter().map(|f| f.graph.len()).sum();
     eprintln!(
-        "rtx: expanded model `{}` in {:.1} ms ({} graph functions, {nodes} IR nodes)",
+        "rtx: expanded model `{}` in {:.1} ms ({} graph functions, {nodes} IR nodes, {kernels} distinct fused kernels)",
         ir.model,
         started.elapsed().as_secs_f64() * 1e3,
         ir.functions.len()
@@ -455,6 +460,7 @@ fn emit_bindings(model: &ModelStruct, f: &GraphFnDef, ir: &GraphFn) -> TokenStre
 }
 
 fn emit_fn(
+    kernels: &mut Kernels,
     model: &ModelStruct,
     f: &GraphFnDef,
     fi: usize,
@@ -468,11 +474,21 @@ fn emit_fn(
     // Spanned at the function's name: rustc's "erroneous constant" note points there.
     let check = quote_spanned!(f.name.span()=> let () = Self::RTX_SHAPE_CHECKS;);
     let param_checks = schedule::param_checks(ir, params);
-    let out = format_ident!("__n{}", ir.output);
+    let out = ir.output;
+    let slots = ir.graph.len();
     let largest = schedule::largest_value_expr(ir);
     let forward_roots = [ir.output];
-    let fwd_fused = schedule::schedule(ir, ir.forward_len, &forward_roots, params, f, true);
-    let fwd_plain = schedule::schedule(ir, ir.forward_len, &forward_roots, params, f, false);
+    let fwd_fused =
+        schedule::schedule(kernels, ir, ir.forward_len, &forward_roots, params, f, true);
+    let fwd_plain = schedule::schedule(
+        kernels,
+        ir,
+        ir.forward_len,
+        &forward_roots,
+        params,
+        f,
+        false,
+    );
     let doc = format!(
         "Graph function `{}` in eval mode (dropout off). Checked at compile time: {}.",
         name,
@@ -500,13 +516,13 @@ fn emit_fn(
             ::rtx_core::parallel::run(__largest, move || {
                 let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
                 let __cast = __ctx.rounding();
+                let mut __s = ::rtx_core::slots::Slots::new(#slots);
                 if __ctx.fusion() {
                     #fwd_fused
-                    Ok(#out.clone())
                 } else {
                     #fwd_plain
-                    Ok(#out.clone())
                 }
+                __s.take(#out)
             })
         }
     };
@@ -514,8 +530,8 @@ fn emit_fn(
         let and_grads = format_ident!("{}_and_grads", name);
         let mut roots = vec![ir.output];
         roots.extend(ir.grads.iter().filter_map(|g| g.grad));
-        let all_fused = schedule::schedule(ir, ir.graph.len(), &roots, params, f, true);
-        let all_plain = schedule::schedule(ir, ir.graph.len(), &roots, params, f, false);
+        let all_fused = schedule::schedule(kernels, ir, ir.graph.len(), &roots, params, f, true);
+        let all_plain = schedule::schedule(kernels, ir, ir.graph.len(), &roots, params, f, false);
         let pushes: Vec<TokenStream> = ir
             .grads
             .iter()
@@ -524,13 +540,12 @@ fn emit_fn(
                     Op::Param { name, .. } | Op::Input { name, .. } => name,
                     _ => return None,
                 };
-                let leaf = format_ident!("__n{}", g.leaf);
+                let leaf = g.leaf;
                 Some(match g.grad {
                     Some(id) => {
-                        let gv = format_ident!("__n{}", id);
-                        quote!(__grads.push(#name, ::rtx_core::ops::materialize(#gv, #leaf.shape())?);)
+                        quote!(__grads.push(#name, ::rtx_core::ops::materialize(__s.get(#id)?, __s.get(#leaf)?.shape())?);)
                     }
-                    None => quote!(__grads.push(#name, ::rtx_core::Tensor::zeros(#leaf.shape()));),
+                    None => quote!(__grads.push(#name, ::rtx_core::Tensor::zeros(__s.get(#leaf)?.shape()));),
                 })
             })
             .collect();
@@ -549,17 +564,16 @@ fn emit_fn(
                 let __largest: usize = #largest;
                 ::rtx_core::parallel::run(__largest, move || {
                     let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
-                let __cast = __ctx.rounding();
+                    let __cast = __ctx.rounding();
+                    let mut __s = ::rtx_core::slots::Slots::new(#slots);
                     let mut __grads = ::rtx_core::Grads::new();
                     if __ctx.fusion() {
                         #all_fused
-                        #(#pushes)*
-                        Ok((#out.clone(), __grads))
                     } else {
                         #all_plain
-                        #(#pushes)*
-                        Ok((#out.clone(), __grads))
                     }
+                    #(#pushes)*
+                    Ok((__s.take(#out)?, __grads))
                 })
             }
         });

@@ -11,6 +11,7 @@
 // One file: each fused step kind's emission (pointwise, rows, epilogues) shares the operand
 // and binding helpers here; the schedule reads top to bottom.
 
+use crate::expand_kernels::{Kernels, Signature};
 use crate::internals::ast::GraphFnDef;
 use crate::internals::lower::ParamRef;
 use proc_macro2::{Literal, TokenStream};
@@ -94,22 +95,13 @@ fn shape_expr(ir: &GraphFn, id: NodeId) -> TokenStream {
     quote!(&[#(#dims),*])
 }
 
-fn node_ref(id: NodeId) -> syn::Ident {
-    format_ident!("__n{}", id)
-}
-
-fn value(id: NodeId) -> syn::Ident {
-    format_ident!("__v{}", id)
-}
-
-/// `let __nX: &Tensor = ..;` for an input or parameter leaf.
+/// Puts an input, a parameter (handles: the data is shared) or a constant into its slot.
 fn leaf(ir: &GraphFn, id: NodeId, params: &[ParamRef], f: &GraphFnDef) -> TokenStream {
-    let var = node_ref(id);
     match &ir.graph.node(id).op {
         Op::Input { index, .. } => match f.inputs.get(*index) {
             Some(input) => {
                 let arg = &input.name;
-                quote!(let #var: &::rtx_core::Tensor = #arg;)
+                quote!(__s.set_ref(#id, #arg)?;)
             }
             None => quote!(),
         },
@@ -120,12 +112,11 @@ fn leaf(ir: &GraphFn, id: NodeId, params: &[ParamRef], f: &GraphFnDef) -> TokenS
                 .map(|p| p.access.clone())
                 .unwrap_or_default();
             let path = param_path(&access);
-            quote!(let #var: &::rtx_core::Tensor = &#path;)
+            quote!(__s.set_ref(#id, &#path)?;)
         }
         Op::Const { value: c } => {
-            let v = value(id);
             let c = f32_literal(*c);
-            quote!(let #v = ::rtx_core::Tensor::scalar(#c); let #var = &#v;)
+            quote!(__s.set(#id, ::rtx_core::Tensor::scalar(#c))?;)
         }
         _ => quote!(),
     }
@@ -137,13 +128,9 @@ fn is_leaf(op: &Op) -> bool {
 
 /// One node run by its kernel.
 fn kernel(ir: &GraphFn, id: NodeId) -> TokenStream {
-    let (var, v) = (node_ref(id), value(id));
-    let args = ir.graph.node(id).args.iter().map(|&a| node_ref(a));
+    let args = &ir.graph.node(id).args;
     let shape = shape_expr(ir, id);
-    quote! {
-        let #v = ::rtx_core::ops::execute(&__ops[#id].op, &[#(#args),*], #shape, __ctx)?;
-        let #var = &#v;
-    }
+    quote!(__s.kernel(__ops, #id, &[#(#args),*], #shape, __ctx)?;)
 }
 
 fn f32_literal(v: f64) -> TokenStream {
@@ -204,27 +191,27 @@ fn instr_with(i: &Instr, operand: impl Fn(&Operand) -> TokenStream) -> TokenStre
 /// body as the closure its driver calls once per element. `move`, so that it holds the call's
 /// rounding (`__cast`) by value and the driver can copy it next to its loop (a value read
 /// through a reference there is reloaded every element, which keeps the loop scalar).
-fn pointwise_closure(inputs: usize, body: &[Instr], outputs: &[NodeId]) -> TokenStream {
+fn pointwise_closure(
+    kernels: &mut Kernels,
+    inputs: usize,
+    body: &[Instr],
+    outputs: &[NodeId],
+) -> TokenStream {
     let params = (0..inputs).map(|i| format_ident!("__i{}", i));
     let instrs = body.iter().map(instr);
     let results = outputs.iter().map(|&o| format_ident!("__t{}", o));
-    quote! {
+    let closure = quote! {
         #[inline(always)]
         move |[#(#params),*]: [f32; #inputs]| {
             #(#instrs)*
             [#(#results),*]
         }
-    }
-}
-
-/// `let [__vA, __vB] = call?; let __nA = &__vA; ..`: binds a step's output tensors.
-fn bind_outputs(outputs: &[NodeId], call: TokenStream) -> TokenStream {
-    let values: Vec<syn::Ident> = outputs.iter().map(|&o| value(o)).collect();
-    let refs = outputs.iter().map(|&o| node_ref(o));
-    quote! {
-        let [#(#values),*] = #call?;
-        #(let #refs = &#values;)*
-    }
+    };
+    let signature = Signature::Pointwise {
+        inputs,
+        outputs: outputs.len(),
+    };
+    kernels.closure(signature, closure)
 }
 
 /// A group that only rounds one value (`Autocast` of a weight or of a value with other
@@ -238,43 +225,47 @@ fn rounding_only(body: &[Instr], inputs: &[NodeId], outputs: &[NodeId]) -> bool 
             .all(|i| matches!(i.op, Pointwise::Autocast | Pointwise::AutocastGrad))
 }
 
-/// `step` binds `outputs[0]`; when the group only rounds, at f32 the input (`input`, moved
-/// or cloned) takes its place.
-fn unless_f32(outputs: &[NodeId], input: TokenStream, call: TokenStream) -> TokenStream {
-    let (v, r) = (value(outputs[0]), node_ref(outputs[0]));
+/// `step`, except that a group that only rounds passes its input on at f32 (moved when it
+/// dies here).
+fn unless_f32(
+    body: &[Instr],
+    inputs: &[NodeId],
+    outputs: &[NodeId],
+    moved: bool,
+    step: TokenStream,
+) -> TokenStream {
+    if !rounding_only(body, inputs, outputs) {
+        return step;
+    }
+    let (input, output) = (inputs[0], outputs[0]);
     quote! {
-        let #v = if __cast.to == ::rtx_core::fused::scalar::HalfType::None {
-            #input
+        if __cast.to == ::rtx_core::fused::scalar::HalfType::None {
+            __s.pass(#input, #output, #moved)?;
         } else {
-            let [__out] = #call?;
-            __out
-        };
-        let #r = &#v;
+            #step
+        }
     }
 }
 
 /// A fusion group: one closure over the group's inputs, one pass over its shape.
 fn fused(
+    kernels: &mut Kernels,
     ir: &GraphFn,
     shape_of: NodeId,
     inputs: &[NodeId],
     body: &[Instr],
     outputs: &[NodeId],
 ) -> TokenStream {
-    let ins = inputs.iter().map(|&a| node_ref(a));
-    let closure = pointwise_closure(inputs.len(), body, outputs);
+    let closure = pointwise_closure(kernels, inputs.len(), body, outputs);
     let shape = shape_expr(ir, shape_of);
-    let call = quote!(::rtx_core::fused::fused([#(#ins),*], #shape, #closure));
-    if rounding_only(body, inputs, outputs) {
-        let input = node_ref(inputs[0]);
-        return unless_f32(outputs, quote!(#input.clone()), call);
-    }
-    bind_outputs(outputs, call)
+    let step = quote!(__s.fused([#(#inputs),*], [#(#outputs),*], #shape, #closure)?;);
+    unless_f32(body, inputs, outputs, false, step)
 }
 
 /// A fusion group that writes its first output over `donor`, an input no later step reads
-/// (`rtx_core::fused::fused_donating` checks at run time that its buffer is unshared).
+/// (`Slots::fused_donating` checks at run time that its buffer is unshared).
 fn fused_in_place(
+    kernels: &mut Kernels,
     ir: &GraphFn,
     shape_of: NodeId,
     inputs: &[NodeId],
@@ -282,28 +273,18 @@ fn fused_in_place(
     body: &[Instr],
     outputs: &[NodeId],
 ) -> TokenStream {
-    let args = inputs.iter().map(|&a| {
-        if a == donor {
-            let v = value(a);
-            quote!(::rtx_core::fused::FusedArg::Donated(#v))
-        } else {
-            let r = node_ref(a);
-            quote!(::rtx_core::fused::FusedArg::Borrowed(#r))
-        }
-    });
-    let closure = pointwise_closure(inputs.len(), body, outputs);
+    let closure = pointwise_closure(kernels, inputs.len(), body, outputs);
     let shape = shape_expr(ir, shape_of);
-    let call = quote!(::rtx_core::fused::fused_donating([#(#args),*], #shape, #closure));
-    if rounding_only(body, inputs, outputs) {
-        let input = value(donor);
-        return unless_f32(outputs, quote!(#input), call);
-    }
-    bind_outputs(outputs, call)
+    let step = quote! {
+        __s.fused_donating([#(#inputs),*], #donor, [#(#outputs),*], #shape, #closure)?;
+    };
+    unless_f32(body, inputs, outputs, true, step)
 }
 
 /// A matmul with its pointwise epilogue: one closure over the product's element and the
 /// group's other inputs, run on each block of the product.
 fn matmul_epilogue(
+    kernels: &mut Kernels,
     ir: &GraphFn,
     matmul: NodeId,
     inputs: &[NodeId],
@@ -311,25 +292,23 @@ fn matmul_epilogue(
     outputs: &[NodeId],
 ) -> TokenStream {
     let args = &ir.graph.node(matmul).args;
-    let (a, b) = (node_ref(args[0]), node_ref(args[1]));
-    let extras = inputs[1..].iter().map(|&i| node_ref(i));
-    let closure = pointwise_closure(inputs.len(), body, outputs);
+    let (a, b) = (args[0], args[1]);
+    let extras = &inputs[1..];
+    let closure = pointwise_closure(kernels, inputs.len(), body, outputs);
     let shape = shape_expr(ir, matmul);
-    bind_outputs(
-        outputs,
-        quote!(::rtx_core::fused::matmul_fused(#a, #b, [#(#extras),*], #shape, #closure)),
-    )
+    quote! {
+        __s.matmul_fused(#a, #b, [#(#extras),*], [#(#outputs),*], #shape, #closure)?;
+    }
 }
 
 /// A weight gradient and its bias gradient from one GEMM (`Step::MatMulRowSums`).
 fn matmul_row_sums(ir: &GraphFn, matmul: NodeId, sums: NodeId) -> TokenStream {
     let args = &ir.graph.node(matmul).args;
-    let (a, b) = (node_ref(args[0]), node_ref(args[1]));
+    let (a, b) = (args[0], args[1]);
     let (product_shape, sums_shape) = (shape_expr(ir, matmul), shape_expr(ir, sums));
-    bind_outputs(
-        &[matmul, sums],
-        quote!(::rtx_core::fused::matmul_row_sums(#a, #b, #product_shape, #sums_shape)),
-    )
+    quote! {
+        __s.matmul_row_sums(#a, #b, [#matmul, #sums], #product_shape, #sums_shape)?;
+    }
 }
 
 /// An operand inside a row body: an input that varies along the row (`varies[i]`) is read
@@ -364,6 +343,7 @@ fn row_map(i: &Instr, wide: bool, varies: &[bool]) -> TokenStream {
 /// by later passes (an exp computed once, not once per pass); a last pass writes the wide
 /// outputs not written yet.
 fn rows(
+    kernels: &mut Kernels,
     ir: &GraphFn,
     shape_of: NodeId,
     inputs: &[NodeId],
@@ -468,7 +448,6 @@ fn rows(
     stmts.extend(scalar_writes);
     let n = inputs.len();
     let m = outputs.len();
-    let ins = inputs.iter().map(|&a| node_ref(a));
     let in_names = (0..n).map(|i| format_ident!("__i{}", i));
     let out_names = (0..m).map(|i| format_ident!("__o{}", i));
     let out_wide: Vec<bool> = outputs.iter().map(|&o| is_wide(o)).collect();
@@ -493,33 +472,42 @@ fn rows(
         }
     }
     let shape = shape_expr(ir, shape_of);
-    bind_outputs(
-        outputs,
-        quote! {
-            ::rtx_core::fused::rows(
-                [#(#ins),*],
-                #shape,
-                [#(#varies),*],
-                [#(#out_wide),*],
-                #[inline(always)]
-                move |__in: &[::rtx_core::fused::RowIn<'_>; #n],
-                 __cols: usize,
-                 __out: &mut [&mut [f32]; #m],
-                 __scratch: &mut [f32]| {
-                    let [#(#in_names),*] = __in;
-                    let [#(#out_names),*] = __out;
-                    #prelude
-                    #stmts
-                },
-            )
+    let closure = kernels.closure(
+        Signature::Rows {
+            inputs: n,
+            outputs: m,
         },
-    )
+        quote! {
+            #[inline(always)]
+            move |__in: &[::rtx_core::fused::RowIn<'_>; #n],
+             __cols: usize,
+             __out: &mut [&mut [f32]; #m],
+             __scratch: &mut [f32]| {
+                let [#(#in_names),*] = __in;
+                let [#(#out_names),*] = __out;
+                #prelude
+                #stmts
+            }
+        },
+    );
+    quote! {
+        __s.rows(
+            [#(#inputs),*],
+            [#(#outputs),*],
+            #shape,
+            [#(#varies),*],
+            [#(#out_wide),*],
+            #closure,
+        )?;
+    }
 }
 
 /// The statements computing nodes `0..upto` of `ir`, where `roots` must be materialized:
-/// fused when `fuse` is true, one kernel per node otherwise. Every needed node `X` ends up in
-/// a variable `__nX: &Tensor`.
+/// fused when `fuse` is true, one kernel per node otherwise. Every value lives in the call's
+/// `__s: rtx_core::slots::Slots` under its node id, from the step that computes it to the
+/// last one that reads it; `roots` stay.
 pub fn schedule(
+    kernels: &mut Kernels,
     ir: &GraphFn,
     upto: usize,
     roots: &[NodeId],
@@ -591,27 +579,31 @@ pub fn schedule(
                 body,
                 outputs,
             } => match donated {
-                Some(d) => fused_in_place(ir, *shape_of, inputs, d, body, outputs),
-                None => fused(ir, *shape_of, inputs, body, outputs),
+                Some(d) => fused_in_place(kernels, ir, *shape_of, inputs, d, body, outputs),
+                None => fused(kernels, ir, *shape_of, inputs, body, outputs),
             },
             Step::Rows {
                 shape_of,
                 inputs,
                 body,
                 outputs,
-            } => rows(ir, *shape_of, inputs, body, outputs),
+            } => rows(kernels, ir, *shape_of, inputs, body, outputs),
             Step::MatMulEpilogue {
                 matmul,
                 inputs,
                 body,
                 outputs,
                 ..
-            } => matmul_epilogue(ir, *matmul, inputs, body, outputs),
+            } => matmul_epilogue(kernels, ir, *matmul, inputs, body, outputs),
             Step::MatMulRowSums { matmul, sums } => matmul_row_sums(ir, *matmul, *sums),
         });
-        for &v in dead.iter().filter(|&&v| Some(v) != donated) {
-            let v = value(v);
-            out.extend(quote!(::core::mem::drop(#v);));
+        let dead: Vec<NodeId> = dead
+            .iter()
+            .copied()
+            .filter(|&v| Some(v) != donated)
+            .collect();
+        if !dead.is_empty() {
+            out.extend(quote!(__s.free(&[#(#dead),*]);));
         }
     }
     out

@@ -10,6 +10,7 @@
 //! which comes back into `__model_impl!` with both items (nested models arrive the same way).
 
 mod expand_graph;
+mod expand_kernels;
 mod expand_model_trait;
 mod expand_obligations;
 mod expand_schedule;

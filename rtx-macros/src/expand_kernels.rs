@@ -1,0 +1,204 @@
+//! The fused kernels of one model, each emitted once.
+//!
+//! A fused step's body is a closure that its driver (`rtx_core::fused::fused`, `rows`,
+//! `matmul_fused`) is instantiated with, and every instantiation is compiled for each SIMD
+//! level `simd::widest` offers and each loop shape of the driver. Repeated blocks, a forward
+//! pass that `loss_and_grads` repeats, and graph functions sharing layers produce the same
+//! body many times over; as distinct closures, rustc would compile each copy again (the
+//! 4-block GPT's bodies were ~4x the distinct ones). Here each distinct body becomes one hidden
+//! associated function returning its closure (`Self::__rtx_kernel_3(__cast)`), so every step
+//! that runs it shares one closure type and one compiled driver.
+//!
+//! Bodies are compared after renaming their temporaries (`__t<node id>`) in order of first
+//! appearance: the same ops on the same operands give the same tokens whatever node ids the
+//! graph gave them.
+
+use proc_macro2::{Group, Ident, TokenStream, TokenTree};
+use quote::{format_ident, quote};
+use std::collections::HashMap;
+
+/// What the closure of a kernel takes and returns.
+#[derive(Clone, Copy)]
+pub enum Signature {
+    /// `Fn([f32; inputs]) -> [f32; outputs]`: a pointwise group or a matmul epilogue.
+    Pointwise { inputs: usize, outputs: usize },
+    /// A row group's body (`rtx_core::fused::rows`).
+    Rows { inputs: usize, outputs: usize },
+}
+
+/// The distinct kernel bodies of one model, in the order they were first met.
+#[derive(Default)]
+pub struct Kernels {
+    items: Vec<TokenStream>,
+    index: HashMap<String, usize>,
+}
+
+impl Kernels {
+    /// The expression that gives the closure `body` of this signature, registering the body
+    /// if no earlier step had it.
+    pub fn closure(&mut self, signature: Signature, body: TokenStream) -> TokenStream {
+        let body = canonical_temporaries(body);
+        let key = format!("{}:{}", signature.key(), body);
+        let next = self.items.len();
+        let k = *self.index.entry(key).or_insert(next);
+        if k == next {
+            let name = kernel_name(k);
+            let ty = signature.return_type();
+            self.items.push(quote! {
+                #[doc(hidden)]
+                #[inline(always)]
+                #[allow(unused_variables, non_snake_case, clippy::all)]
+                fn #name(__cast: ::rtx_core::fused::scalar::Rounding) -> #ty {
+                    #body
+                }
+            });
+        }
+        let name = kernel_name(k);
+        quote!(Self::#name(__cast))
+    }
+
+    /// How many distinct kernels the model has.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// The hidden associated functions, for the model's impl.
+    pub fn items(&self) -> &[TokenStream] {
+        &self.items
+    }
+}
+
+impl Signature {
+    fn key(self) -> String {
+        match self {
+            Signature::Pointwise { inputs, outputs } => format!("p{inputs}/{outputs}"),
+            Signature::Rows { inputs, outputs } => format!("r{inputs}/{outputs}"),
+        }
+    }
+
+    fn return_type(self) -> TokenStream {
+        match self {
+            Signature::Pointwise { inputs, outputs } => {
+                quote!(impl Fn([f32; #inputs]) -> [f32; #outputs] + Sync + Copy)
+            }
+            Signature::Rows { inputs, outputs } => quote! {
+                impl Fn(
+                    &[::rtx_core::fused::RowIn<'_>; #inputs],
+                    usize,
+                    &mut [&mut [f32]; #outputs],
+                    &mut [f32],
+                ) + Sync + Copy
+            },
+        }
+    }
+}
+
+fn kernel_name(k: usize) -> Ident {
+    format_ident!("__rtx_kernel_{}", k)
+}
+
+/// `body` with every `__t<digits>` renamed `__t0`, `__t1`, .. in order of first appearance.
+fn canonical_temporaries(body: TokenStream) -> TokenStream {
+    fn walk(ts: TokenStream, names: &mut HashMap<String, usize>) -> TokenStream {
+        ts.into_iter()
+            .map(|tt| match tt {
+                TokenTree::Ident(id) => {
+                    let s = id.to_string();
+                    let temporary = s
+                        .strip_prefix("__t")
+                        .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+                    if temporary {
+                        let next = names.len();
+                        let k = *names.entry(s).or_insert(next);
+                        TokenTree::Ident(Ident::new(&format!("__t{k}"), id.span()))
+                    } else {
+                        TokenTree::Ident(id)
+                    }
+                }
+                TokenTree::Group(g) => {
+                    let mut inner = Group::new(g.delimiter(), walk(g.stream(), names));
+                    inner.set_span(g.span());
+                    TokenTree::Group(inner)
+                }
+                other => other,
+            })
+            .collect()
+    }
+    walk(body, &mut HashMap::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAIR: Signature = Signature::Pointwise {
+        inputs: 2,
+        outputs: 1,
+    };
+
+    #[test]
+    fn bodies_that_differ_only_in_node_ids_share_one_kernel() {
+        let mut kernels = Kernels::default();
+        let a = kernels.closure(
+            PAIR,
+            quote!(move |[__i0, __i1]: [f32; 2]| {
+                let __t7 = add(__i0, __i1);
+                [__t7]
+            }),
+        );
+        let b = kernels.closure(
+            PAIR,
+            quote!(move |[__i0, __i1]: [f32; 2]| {
+                let __t91 = add(__i0, __i1);
+                [__t91]
+            }),
+        );
+        assert_eq!(a.to_string(), b.to_string());
+        assert_eq!(kernels.len(), 1);
+    }
+
+    #[test]
+    fn different_bodies_get_different_kernels() {
+        let mut kernels = Kernels::default();
+        let a = kernels.closure(
+            PAIR,
+            quote!(move |[__i0, __i1]: [f32; 2]| {
+                let __t7 = add(__i0, __i1);
+                [__t7]
+            }),
+        );
+        let b = kernels.closure(
+            PAIR,
+            quote!(move |[__i0, __i1]: [f32; 2]| {
+                let __t7 = mul(__i0, __i1);
+                [__t7]
+            }),
+        );
+        assert_ne!(a.to_string(), b.to_string());
+        assert_eq!(kernels.len(), 2);
+    }
+
+    #[test]
+    fn the_same_body_under_another_signature_is_another_kernel() {
+        let mut kernels = Kernels::default();
+        let body = quote!(move |__in, __cols, __out, __scratch| {});
+        kernels.closure(PAIR, body.clone());
+        kernels.closure(
+            Signature::Rows {
+                inputs: 2,
+                outputs: 1,
+            },
+            body,
+        );
+        assert_eq!(kernels.len(), 2);
+    }
+
+    #[test]
+    fn only_numbered_temporaries_are_renamed() {
+        let out = canonical_temporaries(quote!(__t5 __t __tx __i3 { __t9 __t5 }));
+        assert_eq!(
+            out.to_string(),
+            quote!(__t0 __t __tx __i3 { __t1 __t0 }).to_string()
+        );
+    }
+}
