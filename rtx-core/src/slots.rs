@@ -8,6 +8,9 @@
 //! ~180k LLVM instructions (most of a 10-minute release build). A table also drops what is
 //! left in one loop, whatever step failed.
 //!
+//! For the same reason a step returns nothing: the first error is kept, later steps do
+//! nothing, and [`Slots::finish`] returns it once at the end (no `?` per step).
+//!
 //! The table is recycled between calls (a training step allocates nothing after the first).
 //! Reading an empty slot is an internal error, never a panic: the schedule comes from the
 //! compiler's liveness plan, which never reads a value after its last use.
@@ -15,6 +18,7 @@
 use crate::ctx::Ctx;
 use crate::error::{Result, RtxError};
 use crate::fused::{self, FusedArg, RowIn};
+use crate::module::Grads;
 use crate::tensor::Tensor;
 use rtx_ir::Node;
 use std::sync::Mutex;
@@ -27,6 +31,8 @@ static SPARE: Mutex<Vec<Vec<Option<Tensor>>>> = Mutex::new(Vec::new());
 #[doc(hidden)]
 pub struct Slots {
     values: Vec<Option<Tensor>>,
+    /// The first step that failed, if one did.
+    error: Option<RtxError>,
 }
 
 impl Drop for Slots {
@@ -48,7 +54,27 @@ impl Slots {
             .and_then(|mut spare| spare.pop())
             .unwrap_or_default();
         values.resize_with(len, || None);
-        Slots { values }
+        Slots {
+            values,
+            error: None,
+        }
+    }
+
+    /// The error of the first step that failed, if any: the schedule's one check.
+    pub fn finish(&mut self) -> Result<()> {
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a step unless an earlier one failed, keeping its error.
+    fn step(&mut self, f: impl FnOnce(&mut Slots) -> Result<()>) {
+        if self.error.is_none()
+            && let Err(e) = f(self)
+        {
+            self.error = Some(e);
+        }
     }
 
     fn slot(&mut self, id: usize) -> Result<&mut Option<Tensor>> {
@@ -65,8 +91,31 @@ impl Slots {
     }
 
     /// Stores a copy of a borrowed input or parameter (a handle: the data is shared).
-    pub fn set_ref(&mut self, id: usize, value: &Tensor) -> Result<()> {
-        self.set(id, value.clone())
+    pub fn leaf(&mut self, id: usize, value: &Tensor) {
+        self.step(|s| s.set(id, value.clone()))
+    }
+
+    /// Stores a scalar constant.
+    pub fn constant(&mut self, id: usize, value: f32) {
+        self.step(|s| s.set(id, Tensor::scalar(value)))
+    }
+
+    /// The gradients a `*_and_grads` function returns: `(name, gradient node, leaf node)`
+    /// each, a leaf no path reached (no gradient node) getting zeros of its shape. Call after
+    /// [`Slots::finish`].
+    pub fn grads(&self, table: &[(&'static str, Option<usize>, usize)]) -> Result<Grads> {
+        let mut grads = Grads::new();
+        for &(name, grad, leaf) in table {
+            let shape = self.get(leaf)?.shape();
+            grads.push(
+                name,
+                match grad {
+                    Some(g) => crate::ops::materialize(self.get(g)?, shape)?,
+                    None => Tensor::zeros(shape),
+                },
+            );
+        }
+        Ok(grads)
     }
 
     /// The value of node `id`.
@@ -123,18 +172,20 @@ impl Slots {
         args: &[usize],
         shape: &[usize],
         ctx: &mut Ctx,
-    ) -> Result<()> {
-        let op = &ops
-            .get(id)
-            .ok_or_else(|| internal(format!("node {id} is not in the model's IR")))?
-            .op;
-        let mut inputs: smallvec::SmallVec<[&Tensor; 8]> = smallvec::SmallVec::new();
-        for &a in args {
-            inputs.push(self.get(a)?);
-        }
-        let value = crate::ops::execute(op, &inputs, shape, ctx)?;
-        drop(inputs);
-        self.set(id, value)
+    ) {
+        self.step(|s| {
+            let op = &ops
+                .get(id)
+                .ok_or_else(|| internal(format!("node {id} is not in the model's IR")))?
+                .op;
+            let mut inputs: smallvec::SmallVec<[&Tensor; 8]> = smallvec::SmallVec::new();
+            for &a in args {
+                inputs.push(s.get(a)?);
+            }
+            let value = crate::ops::execute(op, &inputs, shape, ctx)?;
+            drop(inputs);
+            s.set(id, value)
+        })
     }
 
     /// A pointwise group (`fused::fused`): `outputs` computed from `inputs` by `body`.
@@ -144,12 +195,13 @@ impl Slots {
         outputs: [usize; M],
         shape: &[usize],
         body: F,
-    ) -> Result<()>
-    where
+    ) where
         F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
     {
-        let values = fused::fused(self.refs(inputs)?, shape, body)?;
-        self.put(outputs, values)
+        self.step(|s| {
+            let values = fused::fused(s.refs(inputs)?, shape, body)?;
+            s.put(outputs, values)
+        })
     }
 
     /// A pointwise group whose input `donor` dies here: its buffer may take output 0
@@ -161,35 +213,38 @@ impl Slots {
         outputs: [usize; M],
         shape: &[usize],
         body: F,
-    ) -> Result<()>
-    where
+    ) where
         F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
     {
-        let mut donated = Some(self.take(donor)?);
-        let mut missing = None;
-        let args = inputs.map(|id| match donated.take_if(|_| id == donor) {
-            Some(t) => FusedArg::Donated(t),
-            None => FusedArg::Borrowed(self.get(id).unwrap_or_else(|e| {
-                missing.get_or_insert(e);
-                placeholder()
-            })),
-        });
-        if let Some(e) = missing {
-            return Err(e);
-        }
-        let values = fused::fused_donating(args, shape, body)?;
-        self.put(outputs, values)
+        self.step(|s| {
+            let mut donated = Some(s.take(donor)?);
+            let mut missing = None;
+            let args = inputs.map(|id| match donated.take_if(|_| id == donor) {
+                Some(t) => FusedArg::Donated(t),
+                None => FusedArg::Borrowed(s.get(id).unwrap_or_else(|e| {
+                    missing.get_or_insert(e);
+                    placeholder()
+                })),
+            });
+            if let Some(e) = missing {
+                return Err(e);
+            }
+            let values = fused::fused_donating(args, shape, body)?;
+            s.put(outputs, values)
+        })
     }
 
     /// A group that only rounds node `input` to the call's precision: at f32 its value is
     /// passed on (`moved` when the input dies here) instead of copied.
-    pub fn pass(&mut self, input: usize, output: usize, moved: bool) -> Result<()> {
-        let value = if moved {
-            self.take(input)?
-        } else {
-            self.get(input)?.clone()
-        };
-        self.set(output, value)
+    pub fn pass(&mut self, input: usize, output: usize, moved: bool) {
+        self.step(|s| {
+            let value = if moved {
+                s.take(input)?
+            } else {
+                s.get(input)?.clone()
+            };
+            s.set(output, value)
+        })
     }
 
     /// A row group (`fused::rows`).
@@ -201,12 +256,13 @@ impl Slots {
         varies: [bool; N],
         out_wide: [bool; M],
         body: F,
-    ) -> Result<()>
-    where
+    ) where
         F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
     {
-        let values = fused::rows(self.refs(inputs)?, shape, varies, out_wide, body)?;
-        self.put(outputs, values)
+        self.step(|s| {
+            let values = fused::rows(s.refs(inputs)?, shape, varies, out_wide, body)?;
+            s.put(outputs, values)
+        })
     }
 
     /// `a @ b` with a pointwise epilogue over the product and `extras` (`fused::matmul_fused`).
@@ -219,13 +275,14 @@ impl Slots {
         outputs: [usize; M],
         shape: &[usize],
         body: F,
-    ) -> Result<()>
-    where
+    ) where
         F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
     {
-        let [a, b] = self.refs([a, b])?;
-        let values = fused::matmul_fused(a, b, self.refs(extras)?, shape, body)?;
-        self.put(outputs, values)
+        self.step(|s| {
+            let [a, b] = s.refs([a, b])?;
+            let values = fused::matmul_fused(a, b, s.refs(extras)?, shape, body)?;
+            s.put(outputs, values)
+        })
     }
 
     /// A weight gradient and its bias gradient from one GEMM (`fused::matmul_row_sums`).
@@ -236,10 +293,12 @@ impl Slots {
         outputs: [usize; 2],
         product_shape: &[usize],
         sums_shape: &[usize],
-    ) -> Result<()> {
-        let [a, b] = self.refs([a, b])?;
-        let values = fused::matmul_row_sums(a, b, product_shape, sums_shape)?;
-        self.put(outputs, values)
+    ) {
+        self.step(|s| {
+            let [a, b] = s.refs([a, b])?;
+            let values = fused::matmul_row_sums(a, b, product_shape, sums_shape)?;
+            s.put(outputs, values)
+        })
     }
 }
 
@@ -285,9 +344,8 @@ mod tests {
             .set(0, Tensor::from_vec(vec![1.0, 2.0], &[2]).unwrap())
             .unwrap();
         slots.set(1, Tensor::scalar(10.0)).unwrap();
-        slots
-            .fused([0, 1], [2, 3], &[2], |[a, b]: [f32; 2]| [a + b, a * b])
-            .unwrap();
+        slots.fused([0, 1], [2, 3], &[2], |[a, b]: [f32; 2]| [a + b, a * b]);
+        slots.finish().unwrap();
         assert_eq!(
             slots.get(2).unwrap().to_vec_f32().unwrap(),
             vec![11.0, 12.0]
@@ -305,10 +363,23 @@ mod tests {
             .set(0, Tensor::from_vec(vec![1.0, 2.0], &[2]).unwrap())
             .unwrap();
         slots.set(1, Tensor::scalar(3.0)).unwrap();
-        slots
-            .fused_donating([0, 1], 0, [2], &[2], |[a, b]: [f32; 2]| [a * b])
-            .unwrap();
+        slots.fused_donating([0, 1], 0, [2], &[2], |[a, b]: [f32; 2]| [a * b]);
+        slots.finish().unwrap();
         assert!(slots.get(0).is_err());
         assert_eq!(slots.get(2).unwrap().to_vec_f32().unwrap(), vec![3.0, 6.0]);
+    }
+
+    #[test]
+    fn after_a_failed_step_later_steps_do_nothing_and_finish_returns_the_first_error() {
+        let mut slots = Slots::new(3);
+        slots.pass(0, 1, false);
+        slots.constant(2, 1.0);
+        let error = slots.finish().unwrap_err().to_string();
+        assert!(
+            error.contains("node 0 was read before it was computed"),
+            "{error}"
+        );
+        assert!(slots.get(2).is_err());
+        assert!(slots.finish().is_ok());
     }
 }

@@ -522,6 +522,7 @@ fn emit_fn(
                 } else {
                     #fwd_plain
                 }
+                __s.finish()?;
                 __s.take(#out)
             })
         }
@@ -542,10 +543,8 @@ fn emit_fn(
                 };
                 let leaf = g.leaf;
                 Some(match g.grad {
-                    Some(id) => {
-                        quote!(__grads.push(#name, ::rtx_core::ops::materialize(__s.get(#id)?, __s.get(#leaf)?.shape())?);)
-                    }
-                    None => quote!(__grads.push(#name, ::rtx_core::Tensor::zeros(__s.get(#leaf)?.shape()));),
+                    Some(id) => quote!((#name, Some(#id), #leaf)),
+                    None => quote!((#name, None, #leaf)),
                 })
             })
             .collect();
@@ -566,13 +565,13 @@ fn emit_fn(
                     let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
                     let __cast = __ctx.rounding();
                     let mut __s = ::rtx_core::slots::Slots::new(#slots);
-                    let mut __grads = ::rtx_core::Grads::new();
                     if __ctx.fusion() {
                         #all_fused
                     } else {
                         #all_plain
                     }
-                    #(#pushes)*
+                    __s.finish()?;
+                    let __grads = __s.grads(&[#(#pushes),*])?;
                     Ok((__s.take(#out)?, __grads))
                 })
             }

@@ -101,7 +101,7 @@ fn leaf(ir: &GraphFn, id: NodeId, params: &[ParamRef], f: &GraphFnDef) -> TokenS
         Op::Input { index, .. } => match f.inputs.get(*index) {
             Some(input) => {
                 let arg = &input.name;
-                quote!(__s.set_ref(#id, #arg)?;)
+                quote!(__s.leaf(#id, #arg);)
             }
             None => quote!(),
         },
@@ -112,11 +112,11 @@ fn leaf(ir: &GraphFn, id: NodeId, params: &[ParamRef], f: &GraphFnDef) -> TokenS
                 .map(|p| p.access.clone())
                 .unwrap_or_default();
             let path = param_path(&access);
-            quote!(__s.set_ref(#id, &#path)?;)
+            quote!(__s.leaf(#id, &#path);)
         }
         Op::Const { value: c } => {
             let c = f32_literal(*c);
-            quote!(__s.set(#id, ::rtx_core::Tensor::scalar(#c))?;)
+            quote!(__s.constant(#id, #c);)
         }
         _ => quote!(),
     }
@@ -130,7 +130,7 @@ fn is_leaf(op: &Op) -> bool {
 fn kernel(ir: &GraphFn, id: NodeId) -> TokenStream {
     let args = &ir.graph.node(id).args;
     let shape = shape_expr(ir, id);
-    quote!(__s.kernel(__ops, #id, &[#(#args),*], #shape, __ctx)?;)
+    quote!(__s.kernel(__ops, #id, &[#(#args),*], #shape, __ctx);)
 }
 
 fn f32_literal(v: f64) -> TokenStream {
@@ -240,7 +240,7 @@ fn unless_f32(
     let (input, output) = (inputs[0], outputs[0]);
     quote! {
         if __cast.to == ::rtx_core::fused::scalar::HalfType::None {
-            __s.pass(#input, #output, #moved)?;
+            __s.pass(#input, #output, #moved);
         } else {
             #step
         }
@@ -258,7 +258,7 @@ fn fused(
 ) -> TokenStream {
     let closure = pointwise_closure(kernels, inputs.len(), body, outputs);
     let shape = shape_expr(ir, shape_of);
-    let step = quote!(__s.fused([#(#inputs),*], [#(#outputs),*], #shape, #closure)?;);
+    let step = quote!(__s.fused([#(#inputs),*], [#(#outputs),*], #shape, #closure););
     unless_f32(body, inputs, outputs, false, step)
 }
 
@@ -276,7 +276,7 @@ fn fused_in_place(
     let closure = pointwise_closure(kernels, inputs.len(), body, outputs);
     let shape = shape_expr(ir, shape_of);
     let step = quote! {
-        __s.fused_donating([#(#inputs),*], #donor, [#(#outputs),*], #shape, #closure)?;
+        __s.fused_donating([#(#inputs),*], #donor, [#(#outputs),*], #shape, #closure);
     };
     unless_f32(body, inputs, outputs, true, step)
 }
@@ -297,7 +297,7 @@ fn matmul_epilogue(
     let closure = pointwise_closure(kernels, inputs.len(), body, outputs);
     let shape = shape_expr(ir, matmul);
     quote! {
-        __s.matmul_fused(#a, #b, [#(#extras),*], [#(#outputs),*], #shape, #closure)?;
+        __s.matmul_fused(#a, #b, [#(#extras),*], [#(#outputs),*], #shape, #closure);
     }
 }
 
@@ -307,7 +307,7 @@ fn matmul_row_sums(ir: &GraphFn, matmul: NodeId, sums: NodeId) -> TokenStream {
     let (a, b) = (args[0], args[1]);
     let (product_shape, sums_shape) = (shape_expr(ir, matmul), shape_expr(ir, sums));
     quote! {
-        __s.matmul_row_sums(#a, #b, [#matmul, #sums], #product_shape, #sums_shape)?;
+        __s.matmul_row_sums(#a, #b, [#matmul, #sums], #product_shape, #sums_shape);
     }
 }
 
@@ -498,7 +498,7 @@ fn rows(
             [#(#varies),*],
             [#(#out_wide),*],
             #closure,
-        )?;
+        );
     }
 }
 

@@ -6,8 +6,6 @@
 //! once and writes every output once. Splitting follows the rule of every kernel here: fixed
 //! pieces, independent of the thread count.
 
-use rayon::prelude::*;
-
 use super::check::{self, KResult};
 use super::strided::{CHUNK, Walk};
 
@@ -171,7 +169,7 @@ where
     if n <= FUSED_THRESHOLD {
         piece(0, n);
     } else {
-        (0..n.div_ceil(CHUNK)).into_par_iter().for_each(|c| {
+        super::strided::for_each_task(n.div_ceil(CHUNK), &|c| {
             piece(c * CHUNK, CHUNK.min(n - c * CHUNK));
             // Non-temporal stores are weakly ordered: make them visible before the piece
             // counts as done.

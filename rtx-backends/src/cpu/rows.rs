@@ -9,8 +9,6 @@
 //! slices that the compiler vectorizes; the rows run inside `simd::widest`, so that loop uses
 //! the widest vectors this CPU has.
 
-use rayon::prelude::*;
-
 use super::check::{self, KResult};
 use super::strided::{CHUNK, PARALLEL_THRESHOLD, numel, position};
 use crate::layout::Layout;
@@ -166,9 +164,9 @@ where
         run_rows(0..rows);
     } else {
         let per_task = (CHUNK / cols.max(1)).max(1);
-        (0..rows.div_ceil(per_task))
-            .into_par_iter()
-            .for_each(|t| run_rows(t * per_task..rows.min((t + 1) * per_task)));
+        super::strided::for_each_task(rows.div_ceil(per_task), &|t| {
+            run_rows(t * per_task..rows.min((t + 1) * per_task))
+        });
     }
     Ok(outs)
 }

@@ -18,6 +18,14 @@ pub(crate) const PARALLEL_THRESHOLD: usize = 32 * 1024;
 /// the thread count.
 pub(crate) const CHUNK: usize = 16 * 1024;
 
+/// Runs `task(0)` .. `task(tasks - 1)` on rayon's pool. Not generic, on purpose: the fused
+/// drivers are instantiated once per generated kernel body, and a `par_iter` inside them
+/// brought rayon's whole splitting machinery along with every instantiation (a fifth of the
+/// `models` crate's code); one dynamic call per task (thousands of elements) costs nothing.
+pub(crate) fn for_each_task(tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+    (0..tasks).into_par_iter().for_each(task);
+}
+
 /// Runs `fill(start, piece)` over `out`, where `piece` is `out[start..start + piece.len()]`:
 /// once on the calling thread for small outputs, else over fixed-size pieces in parallel.
 pub(crate) fn for_each_chunk(out: &mut [f32], fill: impl Fn(usize, &mut [f32]) + Sync + Send) {
