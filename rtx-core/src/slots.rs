@@ -266,7 +266,6 @@ impl Slots {
     }
 
     /// `a @ b` with a pointwise epilogue over the product and `extras` (`fused::matmul_fused`).
-    #[allow(clippy::too_many_arguments)]
     pub fn matmul_fused<const N: usize, const E: usize, const M: usize, F>(
         &mut self,
         a: usize,
