@@ -18,7 +18,11 @@ pub(super) fn pack_b_panel(
     let col0 = panel * nr;
     let width = nr.min(n - col0);
     if b.row_stride == 1 && b.col_stride != 1 {
-        // B stored column-major (a transposed weight): read down each column.
+        // B stored column-major (a transposed weight): read down each column, a full panel
+        // by 8 x 8 transposes where the CPU has them.
+        if width == nr && super::transpose::columns_k_major(b, k, nr, col0, dst) {
+            return;
+        }
         if width < nr {
             dst.fill(0.0);
         }
@@ -37,6 +41,15 @@ pub(super) fn pack_b_panel(
         }
         return;
     }
+    if b.col_stride == 1 && width == nr {
+        // Full panels of the kernels' widths copy a constant width: a few vector moves per k
+        // rather than a memcpy call for 16 values.
+        match nr {
+            16 => return pack_b_rows::<16>(b, k, col0, dst),
+            32 => return pack_b_rows::<32>(b, k, col0, dst),
+            _ => {}
+        }
+    }
     for (kk, dst_row) in dst.chunks_exact_mut(nr).enumerate().take(k) {
         if b.col_stride == 1 {
             let start = b.offset + kk * b.row_stride + col0;
@@ -47,6 +60,16 @@ pub(super) fn pack_b_panel(
             }
         }
         dst_row[width..].fill(0.0);
+    }
+}
+
+/// A full `NR`-wide panel of a row-major B (`col_stride == 1`) from column `col0`, into
+/// `dst` (`k * NR` values).
+#[inline(always)]
+fn pack_b_rows<const NR: usize>(b: MatrixView, k: usize, col0: usize, dst: &mut [f32]) {
+    for (kk, dst_row) in dst.chunks_exact_mut(NR).enumerate().take(k) {
+        let start = b.offset + kk * b.row_stride + col0;
+        dst_row.copy_from_slice(&b.data[start..start + NR]);
     }
 }
 

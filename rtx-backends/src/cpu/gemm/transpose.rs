@@ -3,6 +3,12 @@
 //! gradient) holds each row contiguously. One value at a time this costs a load and a store
 //! per value; with AVX-512 a 16 x 16 block transposes in 64 shuffles, a quarter of an
 //! operation per value, so the 14-row panels of the AVX-512 kernel take this path.
+//!
+//! Packing a transposed B (the weight of `x @ W^T`, every Linear's forward pass) is the same
+//! transpose: a panel's columns are rows of W. With AVX2, 8 x 8 blocks transpose in 24
+//! shuffles ([`columns_k_major`]).
+
+use super::MatrixView;
 
 /// Writes `rows[r][k]` to `dst[k * 14 + r]` for `k < kc`, when the CPU has AVX-512F; returns
 /// false (and writes nothing) otherwise. Every row holds at least `kc` values and `dst` at
@@ -115,4 +121,103 @@ mod tests {
             }
         }
     }
+}
+
+/// Packs the full B panel of columns `col0..col0 + nr` (`nr` a multiple of 8) of the
+/// column-major `b` (`row_stride == 1`: each column contiguous along k) k-major into `dst`
+/// (`dst[kk * nr + j] = b[kk, col0 + j]` for `kk < k`), when the CPU has AVX2; returns false
+/// (and writes nothing) otherwise. The caller checked that the panel lies inside `b` and
+/// `dst` holds `k * nr` values.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn columns_k_major(
+    b: MatrixView,
+    k: usize,
+    nr: usize,
+    col0: usize,
+    dst: &mut [f32],
+) -> bool {
+    if nr % 8 != 0 || !std::arch::is_x86_feature_detected!("avx2") {
+        return false;
+    }
+    let last = b.offset + (col0 + nr - 1) * b.col_stride + k;
+    if b.row_stride != 1 || k == 0 || last > b.data.len() || dst.len() < k * nr {
+        return false;
+    }
+    // SAFETY: the CPU has AVX2 (checked above), every column read holds `k` values inside
+    // `b.data` (its last one ends at `last`), and `dst` holds `k * nr`.
+    unsafe { columns_avx2(b, k, nr, col0, dst) };
+    true
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) fn columns_k_major(
+    _b: MatrixView,
+    _k: usize,
+    _nr: usize,
+    _col0: usize,
+    _dst: &mut [f32],
+) -> bool {
+    false
+}
+
+/// # Safety
+/// As checked by [`columns_k_major`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn columns_avx2(b: MatrixView, k: usize, nr: usize, col0: usize, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let column = |j: usize| b.offset + (col0 + j) * b.col_stride;
+    let full = k / 8 * 8;
+    // K blocks outermost, so the part of the panel being written (8 x nr) stays in L1.
+    for kb in (0..full).step_by(8) {
+        for g in (0..nr).step_by(8) {
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (i, row) in r.iter_mut().enumerate() {
+                // SAFETY: column `g + i` holds `k >= kb + 8` values from `column(g + i)`.
+                *row = unsafe { _mm256_loadu_ps(b.data.as_ptr().add(column(g + i) + kb)) };
+            }
+            transpose8(&mut r);
+            for (t, row) in r.iter().enumerate() {
+                // SAFETY: (kb + t) * nr + g + 8 <= k * nr <= dst.len().
+                unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add((kb + t) * nr + g), *row) };
+            }
+        }
+    }
+    for kk in full..k {
+        for j in 0..nr {
+            dst[kk * nr + j] = b.data[column(j) + kk];
+        }
+    }
+}
+
+/// Transposes the 8 x 8 block held one row per register: unpack pairs of rows, shuffle
+/// pairs of 64-bit halves, then swap 128-bit lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn transpose8(r: &mut [std::arch::x86_64::__m256; 8]) {
+    use std::arch::x86_64::*;
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    r[0] = _mm256_permute2f128_ps::<0x20>(u0, u4);
+    r[1] = _mm256_permute2f128_ps::<0x20>(u1, u5);
+    r[2] = _mm256_permute2f128_ps::<0x20>(u2, u6);
+    r[3] = _mm256_permute2f128_ps::<0x20>(u3, u7);
+    r[4] = _mm256_permute2f128_ps::<0x31>(u0, u4);
+    r[5] = _mm256_permute2f128_ps::<0x31>(u1, u5);
+    r[6] = _mm256_permute2f128_ps::<0x31>(u2, u6);
+    r[7] = _mm256_permute2f128_ps::<0x31>(u3, u7);
 }
