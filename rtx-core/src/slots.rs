@@ -20,7 +20,9 @@ use crate::error::{Result, RtxError};
 use crate::fused::{self, FusedArg, RowIn};
 use crate::module::Grads;
 use crate::tensor::Tensor;
-use rtx_ir::Node;
+use rtx_ir::fusion::Step;
+use rtx_ir::{GraphFn, Node, Op};
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// The tables of finished calls, for the next ones (several threads may run graph functions
@@ -188,6 +190,56 @@ impl Slots {
         })
     }
 
+    /// The schedule with fusion off (`Ctx::with_fusion(false)`): nodes `0..upto` of `f`, each
+    /// by its own kernel ([`Slots::kernel`], as the fused schedule runs its unfused steps), in
+    /// graph order, each value dropped after its last reader (`rtx_ir::memory::deaths`).
+    /// Output shapes are the IR's, evaluated with `dims` (every symbol and generic parameter
+    /// of the function's shapes). Inputs and parameters are in their slots already; constants
+    /// are put in theirs here. The macro emits this call rather than a second unrolled
+    /// schedule: an unfused mode exists to check the fused code against, and unrolled it
+    /// doubled the code rustc compiles for every model.
+    pub fn unfused(
+        &mut self,
+        f: &GraphFn,
+        upto: usize,
+        roots: &[usize],
+        dims: &[(&str, i64)],
+        ctx: &mut Ctx,
+    ) {
+        let upto = upto.min(f.graph.nodes.len());
+        let env: HashMap<String, i64> = dims.iter().map(|&(n, v)| (n.to_string(), v)).collect();
+        let mut steps = Vec::new();
+        for (id, node) in f.graph.nodes.iter().enumerate().take(upto) {
+            match &node.op {
+                Op::Const { value } => self.constant(id, *value as f32),
+                Op::Input { .. } | Op::Param { .. } => {}
+                _ => steps.push(Step::Kernel(id)),
+            }
+        }
+        let deaths = rtx_ir::memory::deaths(f, &steps, roots);
+        let mut shape: smallvec::SmallVec<[usize; 6]> = smallvec::SmallVec::new();
+        for (step, dead) in steps.iter().zip(&deaths) {
+            let Step::Kernel(id) = *step else { continue };
+            let node = &f.graph.nodes[id];
+            shape.clear();
+            for d in &node.shape {
+                match d.eval(&env).and_then(|v| usize::try_from(v).ok()) {
+                    Some(v) => shape.push(v),
+                    None => {
+                        self.step(|_| {
+                            Err(internal(format!(
+                                "dimension `{d}` of node {id} has no value at run time"
+                            )))
+                        });
+                        return;
+                    }
+                }
+            }
+            self.kernel(&f.graph.nodes, id, &node.args, &shape, ctx);
+            self.free(dead);
+        }
+    }
+
     /// A pointwise group (`fused::fused`): `outputs` computed from `inputs` by `body`.
     pub fn fused<const N: usize, const M: usize, F>(
         &mut self,
@@ -317,6 +369,70 @@ fn internal(what: String) -> RtxError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `exp(x) * 2` over an input `x: [B, 2]`.
+    fn exp_times_two() -> GraphFn {
+        use rtx_ir::{DType, Dim, Graph, Unifier};
+        let (mut g, mut u) = (Graph::default(), Unifier::default());
+        let input = Op::Input {
+            index: 0,
+            name: "x".into(),
+            shape: vec![Dim::sym("B"), Dim::known(2)],
+            dtype: DType::F32,
+        };
+        let x = g.push(input, &[], &mut u).unwrap();
+        let two = g.push(Op::Const { value: 2.0 }, &[], &mut u).unwrap();
+        let e = g.push(Op::Exp, &[x], &mut u).unwrap();
+        let y = g.push(Op::Mul, &[e, two], &mut u).unwrap();
+        GraphFn {
+            name: "f".into(),
+            symbols: vec!["B".into()],
+            forward_len: g.len(),
+            graph: g,
+            output: y,
+            grads: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_unfused_schedule_runs_every_node_and_keeps_only_the_roots() {
+        let f = exp_times_two();
+        let x = Tensor::from_vec(vec![0.0, 1.0, -1.0, 0.5, 2.0, -2.0], &[3, 2]).unwrap();
+        let mut slots = Slots::new(f.graph.len());
+        slots.leaf(0, &x);
+
+        slots.unfused(
+            &f,
+            f.graph.len(),
+            &[f.output],
+            &[("B", 3)],
+            &mut Ctx::eval(),
+        );
+
+        slots.finish().unwrap();
+        let y = slots.take(f.output).unwrap();
+        assert_eq!(y.shape(), &[3, 2]);
+        let x = x.to_vec_f32().unwrap();
+        for (got, x) in y.to_vec_f32().unwrap().iter().zip(x) {
+            let want = (x as f64).exp() * 2.0;
+            assert!((*got as f64 - want).abs() <= 1e-6 * want, "{got} vs {want}");
+        }
+        // exp(x), read only by the product, was dropped after it.
+        assert!(slots.get(2).is_err());
+    }
+
+    #[test]
+    fn an_unfused_shape_without_a_value_for_its_symbol_is_an_error_not_a_panic() {
+        let f = exp_times_two();
+        let x = Tensor::from_vec(vec![0.0; 6], &[3, 2]).unwrap();
+        let mut slots = Slots::new(f.graph.len());
+        slots.leaf(0, &x);
+
+        slots.unfused(&f, f.graph.len(), &[f.output], &[], &mut Ctx::eval());
+
+        let err = slots.finish().unwrap_err().to_string();
+        assert!(err.contains("dimension `B`"), "{err}");
+    }
 
     #[test]
     fn a_value_reads_back_until_it_is_freed() {

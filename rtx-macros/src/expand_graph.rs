@@ -231,7 +231,9 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
     for (fi, f) in graph.fns.iter().enumerate() {
         let (lowered, broken_nested) = lower_fn(&cx, &model, &graph, f, &nested);
         if let Some((ir, params, obl)) = lowered {
-            methods.push(emit_fn(&mut kernels, &model, f, fi, &ir, &params));
+            methods.push(crate::timing::phase("emit", || {
+                emit_fn(&mut kernels, &model, f, fi, &ir, &params)
+            }));
             fns_ir.push(ir);
             obligations.extend(obl);
         } else {
@@ -326,12 +328,13 @@ pub fn expand(input: ImplInput) -> syn::Result<TokenStream> {
 /// shape checks, lowering, autodiff, fusion planning, code generation; rustc's own work on
 /// the output is not included).
 fn report_expansion_time(ir: &ModelIr, kernels: usize, started: std::time::Instant) {
+    let phases = crate::timing::take_summary();
     if std::env::var_os("RTX_EXPANSION_TIME").is_none() {
         return;
     }
     let nodes: usize = ir.functions.iter().map(|f| f.graph.len()).sum();
     eprintln!(
-        "rtx: expanded model `{}` in {:.1} ms ({} graph functions, {nodes} IR nodes, {kernels} distinct fused kernels)",
+        "rtx: expanded model `{}` in {:.1} ms ({} graph functions, {nodes} IR nodes, {kernels} distinct fused kernels; {phases})",
         ir.model,
         started.elapsed().as_secs_f64() * 1e3,
         ir.functions.len()
@@ -360,7 +363,7 @@ fn lower_fn_with(
     graph: &GraphDef,
     f: &GraphFnDef,
 ) -> Option<LoweredFn> {
-    let out = lw.lower_fn(model, graph, f)?;
+    let out = crate::timing::phase("lower", || lw.lower_fn(model, graph, f))?;
     let forward_len = lw.graph.len();
     let mut ir = GraphFn {
         name: f.name.to_string(),
@@ -389,7 +392,9 @@ fn lower_fn_with(
                 _ => {}
             }
         }
-        match rtx_ir::differentiate(&mut ir.graph, out, &wrt) {
+        match crate::timing::phase("autodiff", || {
+            rtx_ir::differentiate(&mut ir.graph, out, &wrt)
+        }) {
             Ok(g) => ir.grads = g,
             Err(e) => {
                 cx.error_spanned_by(&f.name, format!("cannot differentiate `{}`: {e}", f.name));
@@ -397,15 +402,17 @@ fn lower_fn_with(
             }
         }
     }
-    ir.remove_dead_nodes();
+    crate::timing::phase("dce", || ir.remove_dead_nodes());
     // Algebraic rewrites and CSE over forward and backward together. They cannot fail on a
     // graph that passed its shape rules; if they ever do, the unrewritten graph is kept, which
     // computes the same values.
-    let mut rewritten = ir.clone();
-    if rtx_ir::rewrite::simplify(&mut rewritten, rtx_ir::rewrite::Limits::default()).is_ok() {
-        rewritten.remove_dead_nodes();
-        ir = rewritten;
-    }
+    crate::timing::phase("rewrite", || {
+        let mut rewritten = ir.clone();
+        if rtx_ir::rewrite::simplify(&mut rewritten, rtx_ir::rewrite::Limits::default()).is_ok() {
+            rewritten.remove_dead_nodes();
+            ir = rewritten;
+        }
+    });
     Some((
         ir,
         std::mem::take(&mut lw.params),
@@ -514,7 +521,8 @@ fn emit_fn(
             #param_checks
             let __largest: usize = #largest;
             ::rtx_core::parallel::run(__largest, move || {
-                let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
+                let __f = &Self::__rtx_ir()?.functions[#fi];
+                let __ops = &__f.graph.nodes;
                 let __cast = __ctx.rounding();
                 let mut __s = ::rtx_core::slots::Slots::new(#slots);
                 if __ctx.fusion() {
@@ -562,7 +570,8 @@ fn emit_fn(
                 #param_checks
                 let __largest: usize = #largest;
                 ::rtx_core::parallel::run(__largest, move || {
-                    let __ops = &Self::__rtx_ir()?.functions[#fi].graph.nodes;
+                    let __f = &Self::__rtx_ir()?.functions[#fi];
+                let __ops = &__f.graph.nodes;
                     let __cast = __ctx.rounding();
                     let mut __s = ::rtx_core::slots::Slots::new(#slots);
                     if __ctx.fusion() {

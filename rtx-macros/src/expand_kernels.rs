@@ -15,6 +15,8 @@
 
 use proc_macro2::{Group, Ident, TokenStream, TokenTree};
 use quote::{format_ident, quote};
+use rtx_ir::NodeId;
+use rtx_ir::fusion::{Instr, Operand, RowInstr};
 use std::collections::HashMap;
 
 /// What the closure of a kernel takes and returns.
@@ -31,12 +33,37 @@ pub enum Signature {
 pub struct Kernels {
     items: Vec<TokenStream>,
     index: HashMap<String, usize>,
+    /// Kernels by a key computed from the fusion group itself ([`Kernels::closure_keyed`]).
+    by_key: HashMap<String, usize>,
 }
 
 impl Kernels {
-    /// The expression that gives the closure `body` of this signature, registering the body
-    /// if no earlier step had it.
-    pub fn closure(&mut self, signature: Signature, body: TokenStream) -> TokenStream {
+    /// The expression that gives the closure of a body that `build` makes, registering it
+    /// if no earlier step had it, where `key` (computed from the
+    /// fusion group, see [`BodyKey`]) is equal for two groups only when their
+    /// bodies are equal after renaming temporaries. A key met before gives its kernel without
+    /// building the body again: token streams live in the compiler, and building, renaming
+    /// and printing one for every step was most of a large model's expansion time.
+    pub fn closure_keyed(
+        &mut self,
+        signature: Signature,
+        key: String,
+        build: impl FnOnce() -> TokenStream,
+    ) -> String {
+        let key = format!("{}:{key}", signature.key());
+        let k = match self.by_key.get(&key) {
+            Some(&k) => k,
+            None => {
+                let k = self.register(signature, build());
+                self.by_key.insert(key, k);
+                k
+            }
+        };
+        format!("Self::{}(__cast)", kernel_name(k))
+    }
+
+    /// The index of `body`'s kernel, registered now if no earlier body had its tokens.
+    fn register(&mut self, signature: Signature, body: TokenStream) -> usize {
         let body = canonical_temporaries(body);
         let key = format!("{}:{}", signature.key(), body);
         let next = self.items.len();
@@ -53,8 +80,7 @@ impl Kernels {
                 }
             });
         }
-        let name = kernel_name(k);
-        quote!(Self::#name(__cast))
+        k
     }
 
     /// How many distinct kernels the model has.
@@ -89,6 +115,90 @@ impl Signature {
                     &mut [f32],
                 ) + Sync + Copy
             },
+        }
+    }
+}
+
+/// A fusion group's body written as plain text with its nodes numbered in order of first
+/// appearance: two groups get the same key exactly when the closures `expand_schedule`'s
+/// `pointwise_closure` or `row_closure` would emit for them are the same after renaming temporaries (the key
+/// holds everything those read: ops with their constants, operands, outputs, and for row
+/// groups which inputs vary along the row and which outputs are wide). Computed without
+/// building tokens, so a body repeated by every block of a model is built once.
+#[derive(Default)]
+pub struct BodyKey {
+    nodes: HashMap<NodeId, usize>,
+    text: String,
+}
+
+impl BodyKey {
+    pub fn pointwise(body: &[Instr], outputs: &[NodeId]) -> String {
+        let mut key = BodyKey::default();
+        for i in body {
+            key.instr(i);
+        }
+        key.outputs(outputs);
+        key.text
+    }
+
+    pub fn rows(
+        body: &[RowInstr],
+        outputs: &[NodeId],
+        varies: &[bool],
+        out_wide: &[bool],
+    ) -> String {
+        let mut key = BodyKey::default();
+        key.text.push_str(&format!("{varies:?}{out_wide:?}"));
+        for step in body {
+            match step {
+                RowInstr::Map { instr, wide } => {
+                    key.text.push_str(if *wide { "w" } else { "s" });
+                    key.instr(instr);
+                }
+                RowInstr::Reduce { node, op, arg } => {
+                    key.node(*node);
+                    key.text.push_str(&format!("={op:?}"));
+                    key.operand(arg);
+                    key.text.push(';');
+                }
+            }
+        }
+        key.outputs(outputs);
+        key.text
+    }
+
+    fn node(&mut self, n: NodeId) {
+        let next = self.nodes.len();
+        let k = *self.nodes.entry(n).or_insert(next);
+        self.text.push_str(&format!("t{k}"));
+    }
+
+    fn operand(&mut self, o: &Operand) {
+        match o {
+            Operand::Input(i) => self.text.push_str(&format!(",i{i}")),
+            Operand::Node(n) => {
+                self.text.push(',');
+                self.node(*n);
+            }
+            Operand::Const(c) => self.text.push_str(&format!(",c{:x}", c.to_bits())),
+            Operand::RowLen => self.text.push_str(",len"),
+        }
+    }
+
+    fn instr(&mut self, i: &Instr) {
+        self.node(i.node);
+        self.text.push_str(&format!("={:?}", i.op));
+        for a in &i.args {
+            self.operand(a);
+        }
+        self.text.push(';');
+    }
+
+    fn outputs(&mut self, outputs: &[NodeId]) {
+        self.text.push_str("->");
+        for &o in outputs {
+            self.node(o);
+            self.text.push(',');
         }
     }
 }
@@ -139,42 +249,42 @@ mod tests {
     #[test]
     fn bodies_that_differ_only_in_node_ids_share_one_kernel() {
         let mut kernels = Kernels::default();
-        let a = kernels.closure(
+        let a = kernels.register(
             PAIR,
             quote!(move |[__i0, __i1]: [f32; 2]| {
                 let __t7 = add(__i0, __i1);
                 [__t7]
             }),
         );
-        let b = kernels.closure(
+        let b = kernels.register(
             PAIR,
             quote!(move |[__i0, __i1]: [f32; 2]| {
                 let __t91 = add(__i0, __i1);
                 [__t91]
             }),
         );
-        assert_eq!(a.to_string(), b.to_string());
+        assert_eq!(a, b);
         assert_eq!(kernels.len(), 1);
     }
 
     #[test]
     fn different_bodies_get_different_kernels() {
         let mut kernels = Kernels::default();
-        let a = kernels.closure(
+        let a = kernels.register(
             PAIR,
             quote!(move |[__i0, __i1]: [f32; 2]| {
                 let __t7 = add(__i0, __i1);
                 [__t7]
             }),
         );
-        let b = kernels.closure(
+        let b = kernels.register(
             PAIR,
             quote!(move |[__i0, __i1]: [f32; 2]| {
                 let __t7 = mul(__i0, __i1);
                 [__t7]
             }),
         );
-        assert_ne!(a.to_string(), b.to_string());
+        assert_ne!(a, b);
         assert_eq!(kernels.len(), 2);
     }
 
@@ -182,8 +292,8 @@ mod tests {
     fn the_same_body_under_another_signature_is_another_kernel() {
         let mut kernels = Kernels::default();
         let body = quote!(move |__in, __cols, __out, __scratch| {});
-        kernels.closure(PAIR, body.clone());
-        kernels.closure(
+        kernels.register(PAIR, body.clone());
+        kernels.register(
             Signature::Rows {
                 inputs: 2,
                 outputs: 1,

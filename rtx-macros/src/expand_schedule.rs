@@ -3,7 +3,8 @@
 //! Two schedules are emitted from one IR. The fused one follows `rtx_ir::fusion::plan`: each
 //! pointwise group becomes a closure, specialized to its ops and constants, run by
 //! `rtx_core::fused::fused` in one pass; every other node is one kernel call. The unfused one
-//! runs one kernel per node, and is what `RTX_FUSION=0` selects, so the two can be compared.
+//! is one call of `Slots::unfused`, which runs one kernel per node of the embedded IR, and is
+//! what `RTX_FUSION=0` selects, so the two can be compared.
 //! Neither runs a shape rule: the macro ran them at compile time, and the generated code
 //! checks inputs and parameters once on entry. Output shapes are computed from the IR's
 //! dimensions with the run-time values of the symbols.
@@ -11,7 +12,8 @@
 // One file: each fused step kind's emission (pointwise, rows, epilogues) shares the operand
 // and binding helpers here; the schedule reads top to bottom.
 
-use crate::expand_kernels::{Kernels, Signature};
+use crate::expand_kernels::{BodyKey, Kernels, Signature};
+use crate::expand_step_text::{StepText, list};
 use crate::internals::ast::GraphFnDef;
 use crate::internals::lower::ParamRef;
 use proc_macro2::{Literal, TokenStream};
@@ -89,12 +91,6 @@ pub fn largest_value_expr(ir: &GraphFn) -> TokenStream {
     quote!([0usize #(, #sizes)*].into_iter().max().unwrap_or(0))
 }
 
-/// `&[d0, d1, ..]`: the run-time shape of node `id`.
-fn shape_expr(ir: &GraphFn, id: NodeId) -> TokenStream {
-    let dims = ir.graph.node(id).shape.iter().map(dim_expr);
-    quote!(&[#(#dims),*])
-}
-
 /// Puts an input, a parameter (handles: the data is shared) or a constant into its slot.
 fn leaf(ir: &GraphFn, id: NodeId, params: &[ParamRef], f: &GraphFnDef) -> TokenStream {
     match &ir.graph.node(id).op {
@@ -127,10 +123,12 @@ fn is_leaf(op: &Op) -> bool {
 }
 
 /// One node run by its kernel.
-fn kernel(ir: &GraphFn, id: NodeId) -> TokenStream {
-    let args = &ir.graph.node(id).args;
-    let shape = shape_expr(ir, id);
-    quote!(__s.kernel(__ops, #id, &[#(#args),*], #shape, __ctx);)
+fn kernel(w: &mut StepText, ir: &GraphFn, id: NodeId) {
+    let shape = w.shape(ir, id);
+    let args = list(&ir.graph.node(id).args);
+    w.line(format!(
+        "__s.kernel(__ops, {id}, &[{args}], {shape}, __ctx);"
+    ));
 }
 
 fn f32_literal(v: f64) -> TokenStream {
@@ -196,22 +194,23 @@ fn pointwise_closure(
     inputs: usize,
     body: &[Instr],
     outputs: &[NodeId],
-) -> TokenStream {
-    let params = (0..inputs).map(|i| format_ident!("__i{}", i));
-    let instrs = body.iter().map(instr);
-    let results = outputs.iter().map(|&o| format_ident!("__t{}", o));
-    let closure = quote! {
-        #[inline(always)]
-        move |[#(#params),*]: [f32; #inputs]| {
-            #(#instrs)*
-            [#(#results),*]
-        }
-    };
+) -> String {
     let signature = Signature::Pointwise {
         inputs,
         outputs: outputs.len(),
     };
-    kernels.closure(signature, closure)
+    kernels.closure_keyed(signature, BodyKey::pointwise(body, outputs), || {
+        let params = (0..inputs).map(|i| format_ident!("__i{}", i));
+        let instrs = body.iter().map(instr);
+        let results = outputs.iter().map(|&o| format_ident!("__t{}", o));
+        quote! {
+            #[inline(always)]
+            move |[#(#params),*]: [f32; #inputs]| {
+                #(#instrs)*
+                [#(#results),*]
+            }
+        }
+    })
 }
 
 /// A group that only rounds one value (`Autocast` of a weight or of a value with other
@@ -232,39 +231,40 @@ fn unless_f32(
     inputs: &[NodeId],
     outputs: &[NodeId],
     moved: bool,
-    step: TokenStream,
-) -> TokenStream {
+    step: String,
+) -> String {
     if !rounding_only(body, inputs, outputs) {
         return step;
     }
     let (input, output) = (inputs[0], outputs[0]);
-    quote! {
-        if __cast.to == ::rtx_core::fused::scalar::HalfType::None {
-            __s.pass(#input, #output, #moved);
-        } else {
-            #step
-        }
-    }
+    format!(
+        "if __cast.to == ::rtx_core::fused::scalar::HalfType::None {{ \
+         __s.pass({input}, {output}, {moved}); }} else {{ {step} }}"
+    )
 }
 
 /// A fusion group: one closure over the group's inputs, one pass over its shape.
 fn fused(
+    w: &mut StepText,
     kernels: &mut Kernels,
     ir: &GraphFn,
     shape_of: NodeId,
     inputs: &[NodeId],
     body: &[Instr],
     outputs: &[NodeId],
-) -> TokenStream {
+) {
     let closure = pointwise_closure(kernels, inputs.len(), body, outputs);
-    let shape = shape_expr(ir, shape_of);
-    let step = quote!(__s.fused([#(#inputs),*], [#(#outputs),*], #shape, #closure););
-    unless_f32(body, inputs, outputs, false, step)
+    let shape = w.shape(ir, shape_of);
+    let (ins, outs) = (list(inputs), list(outputs));
+    let step = format!("__s.fused([{ins}], [{outs}], {shape}, {closure});");
+    w.line(unless_f32(body, inputs, outputs, false, step));
 }
 
 /// A fusion group that writes its first output over `donor`, an input no later step reads
 /// (`Slots::fused_donating` checks at run time that its buffer is unshared).
+#[allow(clippy::too_many_arguments)]
 fn fused_in_place(
+    w: &mut StepText,
     kernels: &mut Kernels,
     ir: &GraphFn,
     shape_of: NodeId,
@@ -272,43 +272,43 @@ fn fused_in_place(
     donor: NodeId,
     body: &[Instr],
     outputs: &[NodeId],
-) -> TokenStream {
+) {
     let closure = pointwise_closure(kernels, inputs.len(), body, outputs);
-    let shape = shape_expr(ir, shape_of);
-    let step = quote! {
-        __s.fused_donating([#(#inputs),*], #donor, [#(#outputs),*], #shape, #closure);
-    };
-    unless_f32(body, inputs, outputs, true, step)
+    let shape = w.shape(ir, shape_of);
+    let (ins, outs) = (list(inputs), list(outputs));
+    let step = format!("__s.fused_donating([{ins}], {donor}, [{outs}], {shape}, {closure});");
+    w.line(unless_f32(body, inputs, outputs, true, step));
 }
 
 /// A matmul with its pointwise epilogue: one closure over the product's element and the
 /// group's other inputs, run on each block of the product.
 fn matmul_epilogue(
+    w: &mut StepText,
     kernels: &mut Kernels,
     ir: &GraphFn,
     matmul: NodeId,
     inputs: &[NodeId],
     body: &[Instr],
     outputs: &[NodeId],
-) -> TokenStream {
+) {
     let args = &ir.graph.node(matmul).args;
     let (a, b) = (args[0], args[1]);
-    let extras = &inputs[1..];
     let closure = pointwise_closure(kernels, inputs.len(), body, outputs);
-    let shape = shape_expr(ir, matmul);
-    quote! {
-        __s.matmul_fused(#a, #b, [#(#extras),*], [#(#outputs),*], #shape, #closure);
-    }
+    let shape = w.shape(ir, matmul);
+    let (extras, outs) = (list(&inputs[1..]), list(outputs));
+    w.line(format!(
+        "__s.matmul_fused({a}, {b}, [{extras}], [{outs}], {shape}, {closure});"
+    ));
 }
 
 /// A weight gradient and its bias gradient from one GEMM (`Step::MatMulRowSums`).
-fn matmul_row_sums(ir: &GraphFn, matmul: NodeId, sums: NodeId) -> TokenStream {
+fn matmul_row_sums(w: &mut StepText, ir: &GraphFn, matmul: NodeId, sums: NodeId) {
     let args = &ir.graph.node(matmul).args;
     let (a, b) = (args[0], args[1]);
-    let (product_shape, sums_shape) = (shape_expr(ir, matmul), shape_expr(ir, sums));
-    quote! {
-        __s.matmul_row_sums(#a, #b, [#matmul, #sums], #product_shape, #sums_shape);
-    }
+    let (product_shape, sums_shape) = (w.shape(ir, matmul), w.shape(ir, sums));
+    w.line(format!(
+        "__s.matmul_row_sums({a}, {b}, [{matmul}, {sums}], {product_shape}, {sums_shape});"
+    ));
 }
 
 /// An operand inside a row body: an input that varies along the row (`varies[i]`) is read
@@ -349,7 +349,8 @@ fn rows(
     inputs: &[NodeId],
     body: &[RowInstr],
     outputs: &[NodeId],
-) -> TokenStream {
+    w: &mut StepText,
+) {
     let wide_shape = &ir.graph.node(shape_of).shape;
     let is_wide = |id: NodeId| &ir.graph.node(id).shape == wide_shape;
     // An input varies along the row unless its last axis is 1 (or it has none): broadcasting
@@ -358,6 +359,39 @@ fn rows(
         .iter()
         .map(|&i| ir.graph.node(i).shape.last().is_some_and(|d| !d.is_one()))
         .collect();
+    let out_wide: Vec<bool> = outputs.iter().map(|&o| is_wide(o)).collect();
+    let signature = Signature::Rows {
+        inputs: inputs.len(),
+        outputs: outputs.len(),
+    };
+    let closure = kernels.closure_keyed(
+        signature,
+        BodyKey::rows(body, outputs, &varies, &out_wide),
+        || row_closure(body, outputs, &varies, &out_wide),
+    );
+    let shape = w.shape(ir, shape_of);
+    let (ins, outs) = (list(inputs), list(outputs));
+    let (varies, out_wide) = (list(&varies), list(&out_wide));
+    w.line(format!(
+        "__s.rows([{ins}], [{outs}], {shape}, [{varies}], [{out_wide}], {closure});"
+    ));
+}
+
+/// The closure of a row group (see [`rows`]): `varies[i]` tells whether input `i` varies
+/// along the row, `out_wide[m]` whether output `m` is wide.
+fn row_closure(
+    body: &[RowInstr],
+    outputs: &[NodeId],
+    varies: &[bool],
+    out_wide: &[bool],
+) -> TokenStream {
+    let n = varies.len();
+    let is_wide = |id: NodeId| {
+        outputs
+            .iter()
+            .position(|&o| o == id)
+            .is_some_and(|m| out_wide[m])
+    };
     let wide_output = |id: NodeId| {
         outputs
             .iter()
@@ -446,11 +480,9 @@ fn rows(
         });
     }
     stmts.extend(scalar_writes);
-    let n = inputs.len();
     let m = outputs.len();
     let in_names = (0..n).map(|i| format_ident!("__i{}", i));
     let out_names = (0..m).map(|i| format_ident!("__o{}", i));
-    let out_wide: Vec<bool> = outputs.iter().map(|&o| is_wide(o)).collect();
     // Slices of exactly `__cols` values, so the passes index them without bounds checks.
     let mut prelude = TokenStream::new();
     // Row scalars are read once, before the passes (a read inside them would be repeated
@@ -471,35 +503,57 @@ fn rows(
             prelude.extend(quote!(let #o: &mut [f32] = &mut #o[..__cols];));
         }
     }
-    let shape = shape_expr(ir, shape_of);
-    let closure = kernels.closure(
-        Signature::Rows {
-            inputs: n,
-            outputs: m,
-        },
-        quote! {
-            #[inline(always)]
-            move |__in: &[::rtx_core::fused::RowIn<'_>; #n],
-             __cols: usize,
-             __out: &mut [&mut [f32]; #m],
-             __scratch: &mut [f32]| {
-                let [#(#in_names),*] = __in;
-                let [#(#out_names),*] = __out;
-                #prelude
-                #stmts
-            }
-        },
-    );
     quote! {
-        __s.rows(
-            [#(#inputs),*],
-            [#(#outputs),*],
-            #shape,
-            [#(#varies),*],
-            [#(#out_wide),*],
-            #closure,
-        );
+        #[inline(always)]
+        move |__in: &[::rtx_core::fused::RowIn<'_>; #n],
+         __cols: usize,
+         __out: &mut [&mut [f32]; #m],
+         __scratch: &mut [f32]| {
+            let [#(#in_names),*] = __in;
+            let [#(#out_names),*] = __out;
+            #prelude
+            #stmts
+        }
     }
+}
+
+/// The schedule with fusion off: inputs and parameters put in their slots, then one call of
+/// `Slots::unfused`, which runs every node by its own kernel from the function's IR (`__f`,
+/// embedded in the model) with the values of the symbols and generic parameters its shapes
+/// mention.
+fn unfused(
+    ir: &GraphFn,
+    upto: usize,
+    roots: &[NodeId],
+    params: &[ParamRef],
+    f: &GraphFnDef,
+) -> TokenStream {
+    let mut out = TokenStream::new();
+    for (id, node) in ir.graph.nodes.iter().enumerate().take(upto) {
+        if matches!(node.op, Op::Input { .. } | Op::Param { .. }) {
+            out.extend(leaf(ir, id, params, f));
+        }
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for node in ir.graph.nodes.iter().take(upto) {
+        for d in &node.shape {
+            for a in d.atoms() {
+                if let Atom::Sym(n) | Atom::Param(n) = &a {
+                    names.insert((matches!(a, Atom::Sym(_)), n.clone()));
+                }
+            }
+        }
+    }
+    let dims = names.iter().map(|(sym, n)| {
+        let value = if *sym {
+            atom_expr(&Atom::Sym(n.clone()))
+        } else {
+            atom_expr(&Atom::Param(n.clone()))
+        };
+        quote!((#n, #value))
+    });
+    out.extend(quote!(__s.unfused(__f, #upto, &[#(#roots),*], &[#(#dims),*], __ctx);));
+    out
 }
 
 /// The statements computing nodes `0..upto` of `ir`, where `roots` must be materialized:
@@ -515,14 +569,24 @@ pub fn schedule(
     f: &GraphFnDef,
     fuse: bool,
 ) -> TokenStream {
-    let steps = if fuse {
-        plan(&ir.graph, upto, roots)
-    } else {
-        (0..upto.min(ir.graph.len()))
-            .filter(|&id| !is_leaf(&ir.graph.node(id).op))
-            .map(Step::Kernel)
-            .collect()
-    };
+    crate::timing::phase(if fuse { "emit/fused" } else { "emit/unfused" }, || {
+        schedule_inner(kernels, ir, upto, roots, params, f, fuse)
+    })
+}
+
+fn schedule_inner(
+    kernels: &mut Kernels,
+    ir: &GraphFn,
+    upto: usize,
+    roots: &[NodeId],
+    params: &[ParamRef],
+    f: &GraphFnDef,
+    fuse: bool,
+) -> TokenStream {
+    if !fuse {
+        return unfused(ir, upto, roots, params, f);
+    }
+    let steps = crate::timing::phase("emit/plan", || plan(&ir.graph, upto, roots));
     // Leaves: inputs and parameters are borrowed; constants become tensors only where a
     // kernel or a result reads them (fused bodies inline them).
     let mut tensor_needed = vec![false; ir.graph.len()];
@@ -568,44 +632,49 @@ pub fn schedule(
     }
     // Each intermediate is dropped after the last step that reads it, so its buffer goes back
     // to the cache for the next kernel of that size (`rtx_ir::memory`).
-    let deaths = rtx_ir::memory::deaths(ir, &steps, roots);
-    let donors = rtx_ir::memory::donors(ir, &steps, &deaths);
+    let (deaths, donors) = crate::timing::phase("emit/liveness", || {
+        let deaths = rtx_ir::memory::deaths(ir, &steps, roots);
+        let donors = rtx_ir::memory::donors(ir, &steps, &deaths);
+        (deaths, donors)
+    });
+    let mut w = StepText::default();
     for ((s, dead), &donated) in steps.iter().zip(&deaths).zip(&donors) {
-        out.extend(match s {
-            Step::Kernel(id) => kernel(ir, *id),
+        match s {
+            Step::Kernel(id) => kernel(&mut w, ir, *id),
             Step::Fused {
                 shape_of,
                 inputs,
                 body,
                 outputs,
             } => match donated {
-                Some(d) => fused_in_place(kernels, ir, *shape_of, inputs, d, body, outputs),
-                None => fused(kernels, ir, *shape_of, inputs, body, outputs),
+                Some(d) => fused_in_place(&mut w, kernels, ir, *shape_of, inputs, d, body, outputs),
+                None => fused(&mut w, kernels, ir, *shape_of, inputs, body, outputs),
             },
             Step::Rows {
                 shape_of,
                 inputs,
                 body,
                 outputs,
-            } => rows(kernels, ir, *shape_of, inputs, body, outputs),
+            } => rows(kernels, ir, *shape_of, inputs, body, outputs, &mut w),
             Step::MatMulEpilogue {
                 matmul,
                 inputs,
                 body,
                 outputs,
                 ..
-            } => matmul_epilogue(kernels, ir, *matmul, inputs, body, outputs),
-            Step::MatMulRowSums { matmul, sums } => matmul_row_sums(ir, *matmul, *sums),
-        });
+            } => matmul_epilogue(&mut w, kernels, ir, *matmul, inputs, body, outputs),
+            Step::MatMulRowSums { matmul, sums } => matmul_row_sums(&mut w, ir, *matmul, *sums),
+        }
         let dead: Vec<NodeId> = dead
             .iter()
             .copied()
             .filter(|&v| Some(v) != donated)
             .collect();
         if !dead.is_empty() {
-            out.extend(quote!(__s.free(&[#(#dead),*]);));
+            w.line(format!("__s.free(&[{}]);", list(&dead)));
         }
     }
+    out.extend(w.finish());
     out
 }
 

@@ -15,8 +15,10 @@ mod expand_model_trait;
 mod expand_obligations;
 mod expand_schedule;
 mod expand_stand_in;
+mod expand_step_text;
 mod expand_struct;
 mod internals;
+mod timing;
 
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as TokenStream2;
