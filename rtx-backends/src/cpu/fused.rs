@@ -108,12 +108,48 @@ where
     let data: [&[f32]; N] = std::array::from_fn(|k| inputs[k].0);
     // Outputs far larger than the caches are written around them (see `store_block`).
     let stream = n * M * 4 >= STREAM_BYTES;
+    // Rows shorter than this with an input that does not step through memory one value at a
+    // time (a row statistic broadcast over `[B, 10]`) would make one run per row, each paying
+    // the SIMD dispatch and loop set-up for a few values; such inputs are gathered for the
+    // whole piece instead, and the piece runs as one contiguous run.
+    let inner = shape.last().copied().unwrap_or(1);
+    let flat: [bool; N] =
+        std::array::from_fn(|k| Some(k) == in_place || inputs[k].1.is_contiguous());
+    let gather = inner < SHORT_ROW && flat.iter().any(|f| !f);
     let piece = |start: usize, len: usize| {
         // SAFETY: `start..start + len` lies inside every output buffer (each has `n` elements)
         // and no other piece touches it.
         let mut dst: [&mut [f32]; M] = std::array::from_fn(|m| unsafe {
             std::slice::from_raw_parts_mut(ptrs[m].0.add(start), len)
         });
+        if gather {
+            let mut staged: [Option<crate::pool::Scratch>; N] = std::array::from_fn(|k| {
+                (!flat[k]).then(|| crate::pool::Scratch(crate::pool::take(len)))
+            });
+            walk.runs(start, len, |at, run, pos, strides| {
+                for (k, stage) in staged.iter_mut().enumerate() {
+                    let Some(stage) = stage else { continue };
+                    let dst = &mut stage.0[at..at + run];
+                    match strides[k] {
+                        0 => dst.fill(data[k][pos[k]]),
+                        1 => dst.copy_from_slice(&data[k][pos[k]..pos[k] + run]),
+                        s => {
+                            for (j, d) in dst.iter_mut().enumerate() {
+                                *d = data[k][pos[k] + j * s];
+                            }
+                        }
+                    }
+                }
+            });
+            let offsets: [usize; N] = std::array::from_fn(|k| inputs[k].1.offset);
+            let src: [&[f32]; N] = std::array::from_fn(|k| match &staged[k] {
+                Some(stage) => &stage.0[..],
+                None if Some(k) == in_place => &[][..],
+                None => &data[k][offsets[k] + start..offsets[k] + start + len],
+            });
+            contiguous_run(&src, &mut dst, 0, len, stream, in_place, body);
+            return;
+        }
         let each_run = |at: usize, run: usize, pos: [usize; N], strides: [usize; N]| {
             if strides.iter().all(|&s| s == 1) {
                 let src: [&[f32]; N] = std::array::from_fn(|k| {
@@ -189,6 +225,10 @@ const STREAM_BYTES: usize = 32 << 20;
 
 /// Length of the stack runs that hold a broadcast input's value (see `drive`).
 const SPLAT: usize = 64;
+
+/// Rows shorter than this are not walked run by run when an input needs gathering (see
+/// `drive`).
+const SHORT_ROW: usize = 64;
 
 /// Lanes computed together: the body runs on `LANES` elements in a row so the compiler can
 /// keep them in one vector register.
@@ -344,7 +384,7 @@ const IN_PLACE_BLOCK: usize = 256;
 /// Each input pointer is valid for `len` reads and each output for `len` writes; an output
 /// range overlaps no input range.
 #[inline(always)]
-unsafe fn pointer_loop<const N: usize, const M: usize, F>(
+pub(crate) unsafe fn pointer_loop<const N: usize, const M: usize, F>(
     ins: [*const f32; N],
     outs: [*mut f32; M],
     len: usize,

@@ -281,3 +281,55 @@ fn fused_map_in_place_matches_the_fresh_buffer_version() {
         assert_eq!(bits(&got1), bits(&want1), "{n} values");
     }
 }
+
+#[test]
+fn fused_map_over_short_rows_gathers_broadcast_and_strided_inputs_across_pieces() {
+    // [7000, 10]: rows shorter than a vector, several parallel pieces that start inside a
+    // row; one input a row statistic broadcast along the row, one transposed.
+    let mut rng = Rng::new(47);
+    let (rows, cols) = (7000, 10);
+    let (stat, other) = (rng.vec(rows), rng.vec(rows * cols));
+    let broadcast = Layout {
+        shape: vec![rows, cols].into(),
+        strides: vec![1, 0].into(),
+        offset: 0,
+    };
+    let transposed = Layout {
+        shape: vec![rows, cols].into(),
+        strides: vec![1, rows].into(),
+        offset: 0,
+    };
+    check(&stat, &broadcast, &other, &transposed, &[rows, cols]);
+    check(
+        &other,
+        &Layout::contiguous(&[rows, cols]),
+        &stat,
+        &broadcast,
+        &[rows, cols],
+    );
+}
+
+#[test]
+fn fused_map_in_place_over_short_rows_matches_the_fresh_buffer_version() {
+    let mut rng = Rng::new(48);
+    let (rows, cols) = (3000, 10);
+    let (a, stat) = (rng.vec(rows * cols), rng.vec(rows));
+    let la = Layout::contiguous(&[rows, cols]);
+    let lb = Layout {
+        shape: vec![rows, cols].into(),
+        strides: vec![1, 0].into(),
+        offset: 0,
+    };
+    let shape = [rows, cols];
+    let [want0, want1] = map_fused([(&a[..], &la), (&stat[..], &lb)], &shape, body).unwrap();
+    let [got0, got1] = map_fused_in_place(
+        [(&[][..], &la), (&stat[..], &lb)],
+        &shape,
+        0,
+        a.clone(),
+        body,
+    )
+    .unwrap();
+    assert_eq!(bits(&got0), bits(&want0));
+    assert_eq!(bits(&got1), bits(&want1));
+}

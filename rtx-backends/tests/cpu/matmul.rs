@@ -392,6 +392,60 @@ fn a_fused_epilogue_matches_matmul_followed_by_the_same_pointwise_code() {
 }
 
 #[test]
+fn a_fused_epilogue_reads_broadcast_strided_and_offset_extras_on_every_block() {
+    // A product split into several tasks, rows wider than one epilogue piece (300 > 256),
+    // and three extras read three ways: a row statistic broadcast along the row (column
+    // stride 0), a transposed matrix (column stride m), and a view at an offset.
+    use rtx_backends::cpu::matmul_fused;
+    let mut rng = Rng::new(29);
+    let (m, k, n) = (301, 70, 300);
+    let (a, la) = random_contiguous(&mut rng, &[m, k]);
+    let (b, lb) = random_contiguous(&mut rng, &[k, n]);
+    let (plain, shape) = matmul(&a, &la, &b, &lb).unwrap();
+    let stat = rng.vec(m);
+    let l_stat = Layout {
+        shape: vec![m, n].into(),
+        strides: vec![1, 0].into(),
+        offset: 0,
+    };
+    let t = rng.vec(m * n);
+    let l_t = Layout {
+        shape: vec![m, n].into(),
+        strides: vec![1, m].into(),
+        offset: 0,
+    };
+    let shifted = rng.vec(m * n + 5);
+    let mut l_shifted = Layout::contiguous(&[m, n]);
+    l_shifted.offset = 5;
+
+    let ([y, z], _) = matmul_fused(
+        &a,
+        &la,
+        &b,
+        &lb,
+        &[
+            (&stat[..], &l_stat),
+            (&t[..], &l_t),
+            (&shifted[..], &l_shifted),
+        ],
+        |[acc, s, t, u]: [f32; 4]| [acc * s + t, (acc - u).max(0.0)],
+    )
+    .unwrap();
+
+    assert_eq!(shape.as_slice(), &[m, n]);
+    for i in 0..m {
+        for j in 0..n {
+            let e = i * n + j;
+            let acc = plain[e];
+            let want_y = acc * stat[i] + t[j * m + i];
+            let want_z = (acc - shifted[5 + e]).max(0.0);
+            assert_eq!(y[e].to_bits(), want_y.to_bits(), "y[{i}, {j}]");
+            assert_eq!(z[e].to_bits(), want_z.to_bits(), "z[{i}, {j}]");
+        }
+    }
+}
+
+#[test]
 fn matmul_refuses_mismatched_inner_dimensions() {
     let (a, b) = (vec![0.0f32; 6], vec![0.0f32; 8]);
     let err = matmul(

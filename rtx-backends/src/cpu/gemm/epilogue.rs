@@ -1,8 +1,9 @@
 //! `matmul_fused`: the GEMM with a compiler-generated pointwise body run on each finished
 //! block of C while it is in cache (`Step::MatMulEpilogue` of the fusion planner).
 
-use super::{OutPtr, Product, gemm, gemm_kernel};
+use super::{CBlock, OutPtr, Product, gemm, gemm_kernel};
 use crate::cpu::check::{self, KResult};
+use crate::cpu::fused::pointer_loop;
 use crate::cpu::strided::{numel, position};
 use crate::layout::{Dims, Layout};
 
@@ -51,45 +52,75 @@ where
         }
     });
     let out_ptrs: [OutPtr; M] = std::array::from_fn(|o| OutPtr(outs[o].as_mut_ptr()));
-    let epilogue = |batch: usize, row: usize, col0: usize, values: &mut [f32]| {
+    let epilogue = |block: CBlock| {
+        // Where each extra operand's part of the block starts, and how it steps.
         let mut bases = [0usize; N];
+        let mut row_strides = [0usize; N];
         let mut col_strides = [0usize; N];
         for (i, (_, l)) in extras.iter().enumerate().take(N.saturating_sub(1)) {
-            bases[i + 1] = l.offset
-                + position(batch, batch_shape, &l.strides[..batch_rank])
-                + row * l.strides[batch_rank]
-                + col0 * l.strides[batch_rank + 1];
+            row_strides[i + 1] = l.strides[batch_rank];
             col_strides[i + 1] = l.strides[batch_rank + 1];
+            bases[i + 1] = l.offset
+                + position(block.batch, batch_shape, &l.strides[..batch_rank])
+                + block.row0 * row_strides[i + 1]
+                + block.col0 * col_strides[i + 1];
         }
-        // Pieces of at most SEGMENT values: the arguments are gathered into fixed-size arrays
-        // first, so the body runs as a loop the compiler vectorizes (lanes past the piece's
-        // end compute on zeros and are dropped).
-        // Compiled for the widest vectors this CPU has (`simd::widest`).
+        let flat0 = (block.batch * m + block.row0) * n + block.col0;
         // The body copied into this frame: read through a reference, the values it captured
         // (the call's rounding) were reloaded every element.
         let body: F = body;
+        // Compiled for the widest vectors this CPU has, once for the whole block.
         crate::cpu::simd::widest(
             #[inline(always)]
             move || {
                 let body = body;
-                for (piece, chunk) in values.chunks_mut(SEGMENT).enumerate() {
-                    let start = piece * SEGMENT;
-                    let flat = (batch * m + row) * n + col0 + start;
-                    let at = EpilogueAt {
-                        extras,
-                        bases: &bases,
-                        col_strides: &col_strides,
-                        start,
-                        flat,
-                        out_ptrs: &out_ptrs,
-                    };
-                    // A whole piece with its width as a constant: the copies in and out become a
-                    // few vector moves instead of memcpy calls.
-                    if chunk.len() == SEGMENT {
-                        epilogue_piece(chunk, SEGMENT, &at, &body);
-                    } else {
-                        let width = chunk.len();
-                        epilogue_piece(chunk, width, &at, &body);
+                // Operands that do not step by 1 along the row (a broadcast bias gradient, a
+                // transposed extra) and C itself are staged in these stack pieces, so every
+                // piece runs as one plain pointer loop that LLVM vectorizes.
+                let mut staged = [[0.0f32; PIECE]; N];
+                for r in 0..block.rows {
+                    let mut start = 0;
+                    while start < block.cols {
+                        let len = PIECE.min(block.cols - start);
+                        // SAFETY: row `r < rows` of the block, columns `start..start + len`
+                        // inside its `cols`: owned by this task (`CBlock`'s contract).
+                        let c = unsafe { block.ptr.add(r * block.stride + start) };
+                        // SAFETY: as above, `len` values from `c`; `staged[0]` holds PIECE.
+                        unsafe { std::ptr::copy_nonoverlapping(c, staged[0].as_mut_ptr(), len) };
+                        let mut direct: [Option<*const f32>; N] = [None; N];
+                        for i in 1..N {
+                            let (data, _) = extras[i - 1];
+                            let (stride, at) = (
+                                col_strides[i],
+                                bases[i] + r * row_strides[i] + start * col_strides[i],
+                            );
+                            match stride {
+                                1 => direct[i] = Some(data[at..at + len].as_ptr()),
+                                0 => staged[i][..len].fill(data[at]),
+                                _ => {
+                                    for (j, v) in staged[i][..len].iter_mut().enumerate() {
+                                        *v = data[at + j * stride];
+                                    }
+                                }
+                            }
+                        }
+                        let ins: [*const f32; N] =
+                            std::array::from_fn(|i| direct[i].unwrap_or(staged[i].as_ptr()));
+                        let flat = flat0 + r * n + start;
+                        let outs: [*mut f32; M] = std::array::from_fn(|o| {
+                            if o == 0 {
+                                c
+                            } else {
+                                // SAFETY: output `o` holds as many elements as C, and this
+                                // task owns these `len` of them.
+                                unsafe { out_ptrs[o].get().add(flat) }
+                            }
+                        });
+                        // SAFETY: every input holds `len` values (stack pieces, or slices
+                        // checked just above) and every output `len` writable values; C is
+                        // read from its staged copy, so no output overlaps an input.
+                        unsafe { pointer_loop(ins, outs, len, &body) };
+                        start += len;
                     }
                 }
             },
@@ -99,60 +130,5 @@ where
     Ok((outs, product.out_shape))
 }
 
-/// Where one piece of a matmul epilogue reads its other arguments and writes its other
-/// results.
-struct EpilogueAt<'a, const N: usize, const M: usize> {
-    extras: &'a [(&'a [f32], &'a Layout)],
-    bases: &'a [usize; N],
-    col_strides: &'a [usize; N],
-    /// The piece's first column within the row segment.
-    start: usize,
-    /// The piece's first element in C.
-    flat: usize,
-    out_ptrs: &'a [OutPtr; M],
-}
-
-/// The epilogue body over `width` values of C (`chunk`, rewritten with result 0): the
-/// arguments are gathered into fixed-size arrays first, so the body runs as a loop the
-/// compiler vectorizes (lanes past `width` compute on zeros and are dropped).
-#[inline(always)]
-fn epilogue_piece<const N: usize, const M: usize, F>(
-    chunk: &mut [f32],
-    width: usize,
-    at: &EpilogueAt<'_, N, M>,
-    body: &F,
-) where
-    F: Fn([f32; N]) -> [f32; M] + Copy,
-{
-    let mut args = [[0.0f32; SEGMENT]; N];
-    args[0][..width].copy_from_slice(&chunk[..width]);
-    for (i, arg) in args.iter_mut().enumerate().skip(1) {
-        let (data, _) = at.extras[i - 1];
-        let stride = at.col_strides[i];
-        let base = at.bases[i] + at.start * stride;
-        if stride == 1 {
-            arg[..width].copy_from_slice(&data[base..base + width]);
-        } else {
-            for (j, a) in arg[..width].iter_mut().enumerate() {
-                *a = data[base + j * stride];
-            }
-        }
-    }
-    let mut results = [[0.0f32; SEGMENT]; M];
-    for j in 0..SEGMENT {
-        let r = body(std::array::from_fn(|i| args[i][j]));
-        for (o, result) in results.iter_mut().enumerate() {
-            result[j] = r[o];
-        }
-    }
-    chunk[..width].copy_from_slice(&results[0][..width]);
-    for (o, ptr) in at.out_ptrs.iter().enumerate().skip(1) {
-        // SAFETY: each element of C is visited once, by the task that owns it, and output
-        // `o` holds as many elements as C.
-        let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(at.flat), width) };
-        dst.copy_from_slice(&results[o][..width]);
-    }
-}
-
-/// Values per piece of a matmul epilogue (the widest tile).
-const SEGMENT: usize = 32;
+/// Values per piece of a matmul epilogue row (1 KiB of stack per operand).
+const PIECE: usize = 256;

@@ -385,9 +385,24 @@ pub fn matmul_with(
     Ok((out, product.out_shape))
 }
 
-/// Code run on each finished row segment of a task's block of C while it is in cache:
-/// `(batch, row, first column, values)`; it may rewrite the values.
-type Epilogue<'e> = &'e (dyn Fn(usize, usize, usize, &mut [f32]) + Sync);
+/// A finished block of one batch's C, handed to an epilogue while it is in cache: `rows x
+/// cols` values from row `row0` and column `col0`, rows `stride` apart from `ptr`. The task
+/// that made the block owns it until the epilogue returns; no other thread touches it.
+#[derive(Clone, Copy)]
+pub(crate) struct CBlock {
+    pub batch: usize,
+    pub row0: usize,
+    pub col0: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub stride: usize,
+    pub ptr: *mut f32,
+}
+
+/// Code run once on each finished block of C (it may rewrite the values): one call per
+/// block, not per row, so the epilogue's set-up (its SIMD dispatch, where its other operands
+/// start) is paid once per block; per row it cost more than a small product's arithmetic.
+type Epilogue<'e> = &'e (dyn Fn(CBlock) + Sync);
 
 /// The GEMM driver over operands that passed [`Product::check`] (or make a
 /// [`Product::matrices`]); returns C, of shape `product.out_shape`. `epilogue` runs on every
@@ -432,11 +447,19 @@ fn gemm_summing(
         ref out_shape,
     } = *product;
     let batches = numel(batch_shape);
-    // The epilogue over whole rows, where C was not computed tile by tile.
+    // The epilogue over each batch's whole C, where C was not computed tile by tile.
     let finish_rows = |out: &mut [f32]| {
-        if let (Some(epilogue), true) = (epilogue, n > 0) {
-            for (index, row) in out.chunks_mut(n).enumerate() {
-                epilogue(index / m, index % m, 0, row);
+        if let (Some(epilogue), true) = (epilogue, n > 0 && m > 0) {
+            for (batch, c) in out.chunks_mut(m * n).enumerate() {
+                epilogue(CBlock {
+                    batch,
+                    row0: 0,
+                    col0: 0,
+                    rows: c.len() / n,
+                    cols: n,
+                    stride: n,
+                    ptr: c.as_mut_ptr(),
+                });
             }
         }
     };

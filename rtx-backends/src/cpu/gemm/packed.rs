@@ -232,16 +232,18 @@ impl Block<'_> {
                 unsafe { *out.get().add(row0 + r) = sum as f32 };
             }
         }
-        // The block is final and still in L2: run the epilogue over each of its rows.
+        // The block is final and still in L2: run the epilogue over it.
         if let Some(epilogue) = self.epilogue {
-            for r in 0..rows {
-                // SAFETY: the block's rows lie inside this task's part of C, which no other
-                // task touches.
-                let row = unsafe {
-                    std::slice::from_raw_parts_mut(self.c.add((row0 + r) * n + col0), cols)
-                };
-                epilogue(self.batch, row0 + r, col0, row);
-            }
+            epilogue(super::CBlock {
+                batch: self.batch,
+                row0,
+                col0,
+                rows,
+                cols,
+                stride: n,
+                // SAFETY: (row0, col0) is this task's block of C, which no other task touches.
+                ptr: unsafe { self.c.add(row0 * n + col0) },
+            });
         }
     }
 
