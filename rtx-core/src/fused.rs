@@ -9,6 +9,22 @@ use std::sync::OnceLock;
 pub use rtx_backends::cpu::scalar;
 pub use rtx_backends::cpu::{RowIn, row_max, row_sum};
 
+/// The body a compiled step runs, chosen once per call by the call's precision.
+///
+/// A body that rounds to the call's precision (`Autocast`, `AutocastGrad`) comes in two
+/// versions: `Plain` with the roundings removed, for calls at f32 where they change nothing,
+/// and `Rounding` with them. The rounding is branch-free arithmetic (about a dozen vector
+/// instructions per value), so at f32 it cost more than the ops around it: 15% of the MLP
+/// training step. A body with no rounding is always `Plain`, and its `Rounding` type is a
+/// function pointer that is never called (one driver instantiation per arity, not per body).
+#[derive(Clone, Copy)]
+pub enum Kernel<F, G> {
+    /// The body without roundings: at f32, or for a body that never rounds.
+    Plain(F),
+    /// The body with its roundings, for calls at bf16 or f16.
+    Rounding(G),
+}
+
 /// Whether compiled models run their fused schedule: true unless the environment variable
 /// `RTX_FUSION` is `0`, `off` or `false` when the first model runs.
 pub fn fusion_enabled() -> bool {

@@ -17,7 +17,7 @@
 
 use crate::ctx::Ctx;
 use crate::error::{Result, RtxError};
-use crate::fused::{self, FusedArg, RowIn};
+use crate::fused::{self, FusedArg, Kernel, RowIn};
 use crate::module::Grads;
 use crate::tensor::Tensor;
 use rtx_ir::fusion::Step;
@@ -241,7 +241,23 @@ impl Slots {
     }
 
     /// A pointwise group (`fused::fused`): `outputs` computed from `inputs` by `body`.
-    pub fn fused<const N: usize, const M: usize, F>(
+    pub fn fused<const N: usize, const M: usize, F, G>(
+        &mut self,
+        inputs: [usize; N],
+        outputs: [usize; M],
+        shape: &[usize],
+        body: Kernel<F, G>,
+    ) where
+        F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
+        G: Fn([f32; N]) -> [f32; M] + Sync + Copy,
+    {
+        match body {
+            Kernel::Plain(f) => self.fused_with(inputs, outputs, shape, f),
+            Kernel::Rounding(g) => self.fused_with(inputs, outputs, shape, g),
+        }
+    }
+
+    fn fused_with<const N: usize, const M: usize, F>(
         &mut self,
         inputs: [usize; N],
         outputs: [usize; M],
@@ -258,7 +274,24 @@ impl Slots {
 
     /// A pointwise group whose input `donor` dies here: its buffer may take output 0
     /// (`fused::fused_donating`).
-    pub fn fused_donating<const N: usize, const M: usize, F>(
+    pub fn fused_donating<const N: usize, const M: usize, F, G>(
+        &mut self,
+        inputs: [usize; N],
+        donor: usize,
+        outputs: [usize; M],
+        shape: &[usize],
+        body: Kernel<F, G>,
+    ) where
+        F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
+        G: Fn([f32; N]) -> [f32; M] + Sync + Copy,
+    {
+        match body {
+            Kernel::Plain(f) => self.fused_donating_with(inputs, donor, outputs, shape, f),
+            Kernel::Rounding(g) => self.fused_donating_with(inputs, donor, outputs, shape, g),
+        }
+    }
+
+    fn fused_donating_with<const N: usize, const M: usize, F>(
         &mut self,
         inputs: [usize; N],
         donor: usize,
@@ -300,7 +333,26 @@ impl Slots {
     }
 
     /// A row group (`fused::rows`).
-    pub fn rows<const N: usize, const M: usize, F>(
+    #[allow(clippy::too_many_arguments)]
+    pub fn rows<const N: usize, const M: usize, F, G>(
+        &mut self,
+        inputs: [usize; N],
+        outputs: [usize; M],
+        shape: &[usize],
+        varies: [bool; N],
+        out_wide: [bool; M],
+        body: Kernel<F, G>,
+    ) where
+        F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
+        G: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
+    {
+        match body {
+            Kernel::Plain(f) => self.rows_with(inputs, outputs, shape, varies, out_wide, f),
+            Kernel::Rounding(g) => self.rows_with(inputs, outputs, shape, varies, out_wide, g),
+        }
+    }
+
+    fn rows_with<const N: usize, const M: usize, F>(
         &mut self,
         inputs: [usize; N],
         outputs: [usize; M],
@@ -318,7 +370,25 @@ impl Slots {
     }
 
     /// `a @ b` with a pointwise epilogue over the product and `extras` (`fused::matmul_fused`).
-    pub fn matmul_fused<const N: usize, const E: usize, const M: usize, F>(
+    pub fn matmul_fused<const N: usize, const E: usize, const M: usize, F, G>(
+        &mut self,
+        a: usize,
+        b: usize,
+        extras: [usize; E],
+        outputs: [usize; M],
+        shape: &[usize],
+        body: Kernel<F, G>,
+    ) where
+        F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
+        G: Fn([f32; N]) -> [f32; M] + Sync + Copy,
+    {
+        match body {
+            Kernel::Plain(f) => self.matmul_fused_with(a, b, extras, outputs, shape, f),
+            Kernel::Rounding(g) => self.matmul_fused_with(a, b, extras, outputs, shape, g),
+        }
+    }
+
+    fn matmul_fused_with<const N: usize, const E: usize, const M: usize, F>(
         &mut self,
         a: usize,
         b: usize,
@@ -369,6 +439,14 @@ fn internal(what: String) -> RtxError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body with no rounding, as the macro passes one.
+    fn plain<const N: usize, const M: usize, F>(f: F) -> Kernel<F, fn([f32; N]) -> [f32; M]>
+    where
+        F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
+    {
+        Kernel::Plain(f)
+    }
 
     /// `exp(x) * 2` over an input `x: [B, 2]`.
     fn exp_times_two() -> GraphFn {
@@ -459,7 +537,12 @@ mod tests {
             .set(0, Tensor::from_vec(vec![1.0, 2.0], &[2]).unwrap())
             .unwrap();
         slots.set(1, Tensor::scalar(10.0)).unwrap();
-        slots.fused([0, 1], [2, 3], &[2], |[a, b]: [f32; 2]| [a + b, a * b]);
+        slots.fused(
+            [0, 1],
+            [2, 3],
+            &[2],
+            plain(|[a, b]: [f32; 2]| [a + b, a * b]),
+        );
         slots.finish().unwrap();
         assert_eq!(
             slots.get(2).unwrap().to_vec_f32().unwrap(),
@@ -478,7 +561,7 @@ mod tests {
             .set(0, Tensor::from_vec(vec![1.0, 2.0], &[2]).unwrap())
             .unwrap();
         slots.set(1, Tensor::scalar(3.0)).unwrap();
-        slots.fused_donating([0, 1], 0, [2], &[2], |[a, b]: [f32; 2]| [a * b]);
+        slots.fused_donating([0, 1], 0, [2], &[2], plain(|[a, b]: [f32; 2]| [a * b]));
         slots.finish().unwrap();
         assert!(slots.get(0).is_err());
         assert_eq!(slots.get(2).unwrap().to_vec_f32().unwrap(), vec![3.0, 6.0]);

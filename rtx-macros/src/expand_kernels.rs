@@ -48,13 +48,14 @@ impl Kernels {
         &mut self,
         signature: Signature,
         key: String,
-        build: impl FnOnce() -> TokenStream,
+        build: impl FnOnce() -> (TokenStream, Option<TokenStream>),
     ) -> String {
         let key = format!("{}:{key}", signature.key());
         let k = match self.by_key.get(&key) {
             Some(&k) => k,
             None => {
-                let k = self.register(signature, build());
+                let (rounding, plain) = build();
+                let k = self.register(signature, rounding, plain);
                 self.by_key.insert(key, k);
                 k
             }
@@ -63,20 +64,50 @@ impl Kernels {
     }
 
     /// The index of `body`'s kernel, registered now if no earlier body had its tokens.
-    fn register(&mut self, signature: Signature, body: TokenStream) -> usize {
+    /// `plain`, when given, is the body without its roundings, which calls at f32 run
+    /// (`rtx_core::fused::Kernel`).
+    fn register(
+        &mut self,
+        signature: Signature,
+        body: TokenStream,
+        plain: Option<TokenStream>,
+    ) -> usize {
         let body = canonical_temporaries(body);
-        let key = format!("{}:{}", signature.key(), body);
+        let plain = plain.map(canonical_temporaries);
+        let key = match &plain {
+            Some(p) => format!("{}:{}|{}", signature.key(), body, p),
+            None => format!("{}:{}", signature.key(), body),
+        };
         let next = self.items.len();
         let k = *self.index.entry(key).or_insert(next);
         if k == next {
             let name = kernel_name(k);
             let ty = signature.return_type();
+            let (ret, expr) = match plain {
+                Some(plain) => (
+                    quote!(::rtx_core::fused::Kernel<#ty, #ty>),
+                    quote! {
+                        if __cast.to == ::rtx_core::fused::scalar::HalfType::None {
+                            ::rtx_core::fused::Kernel::Plain(#plain)
+                        } else {
+                            ::rtx_core::fused::Kernel::Rounding(#body)
+                        }
+                    },
+                ),
+                None => {
+                    let never = signature.fn_pointer();
+                    (
+                        quote!(::rtx_core::fused::Kernel<#ty, #never>),
+                        quote!(::rtx_core::fused::Kernel::Plain(#body)),
+                    )
+                }
+            };
             self.items.push(quote! {
                 #[doc(hidden)]
                 #[inline(always)]
                 #[allow(unused_variables, non_snake_case, clippy::all)]
-                fn #name(__cast: ::rtx_core::fused::scalar::Rounding) -> #ty {
-                    #body
+                fn #name(__cast: ::rtx_core::fused::scalar::Rounding) -> #ret {
+                    #expr
                 }
             });
         }
@@ -99,6 +130,24 @@ impl Signature {
         match self {
             Signature::Pointwise { inputs, outputs } => format!("p{inputs}/{outputs}"),
             Signature::Rows { inputs, outputs } => format!("r{inputs}/{outputs}"),
+        }
+    }
+
+    /// A function pointer type of the closure's signature: the unused `Rounding` half of a
+    /// body that never rounds (one type per arity, so its driver is compiled once per arity).
+    fn fn_pointer(self) -> TokenStream {
+        match self {
+            Signature::Pointwise { inputs, outputs } => {
+                quote!(fn([f32; #inputs]) -> [f32; #outputs])
+            }
+            Signature::Rows { inputs, outputs } => quote! {
+                fn(
+                    &[::rtx_core::fused::RowIn<'_>; #inputs],
+                    usize,
+                    &mut [&mut [f32]; #outputs],
+                    &mut [f32],
+                )
+            },
         }
     }
 
@@ -255,6 +304,7 @@ mod tests {
                 let __t7 = add(__i0, __i1);
                 [__t7]
             }),
+            None,
         );
         let b = kernels.register(
             PAIR,
@@ -262,6 +312,7 @@ mod tests {
                 let __t91 = add(__i0, __i1);
                 [__t91]
             }),
+            None,
         );
         assert_eq!(a, b);
         assert_eq!(kernels.len(), 1);
@@ -276,6 +327,7 @@ mod tests {
                 let __t7 = add(__i0, __i1);
                 [__t7]
             }),
+            None,
         );
         let b = kernels.register(
             PAIR,
@@ -283,6 +335,7 @@ mod tests {
                 let __t7 = mul(__i0, __i1);
                 [__t7]
             }),
+            None,
         );
         assert_ne!(a, b);
         assert_eq!(kernels.len(), 2);
@@ -292,14 +345,32 @@ mod tests {
     fn the_same_body_under_another_signature_is_another_kernel() {
         let mut kernels = Kernels::default();
         let body = quote!(move |__in, __cols, __out, __scratch| {});
-        kernels.register(PAIR, body.clone());
+        kernels.register(PAIR, body.clone(), None);
         kernels.register(
             Signature::Rows {
                 inputs: 2,
                 outputs: 1,
             },
             body,
+            None,
         );
+        assert_eq!(kernels.len(), 2);
+    }
+
+    #[test]
+    fn a_body_with_a_plain_version_is_another_kernel_than_the_body_alone() {
+        let mut kernels = Kernels::default();
+        let body = quote!(move |[__i0, __i1]: [f32; 2]| {
+            let __t3 = autocast(__i0, __cast);
+            [__t3]
+        });
+        let plain = quote!(move |[__i0, __i1]: [f32; 2]| {
+            let __t3 = __i0;
+            [__t3]
+        });
+        let alone = kernels.register(PAIR, body.clone(), None);
+        let with_plain = kernels.register(PAIR, body, Some(plain));
+        assert_ne!(alone, with_plain);
         assert_eq!(kernels.len(), 2);
     }
 

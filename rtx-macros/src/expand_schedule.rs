@@ -161,16 +161,27 @@ fn operand(o: &Operand) -> TokenStream {
     }
 }
 
-fn instr(i: &Instr) -> TokenStream {
-    instr_with(i, operand)
+fn instr(i: &Instr, plain: bool) -> TokenStream {
+    instr_with(i, plain, operand)
 }
 
-/// `let __tN = scalar::op(args);`, with `operand` spelling each argument.
-fn instr_with(i: &Instr, operand: impl Fn(&Operand) -> TokenStream) -> TokenStream {
+/// Whether a body rounds to the call's precision anywhere (then it gets a `Plain` version
+/// without the roundings, for calls at f32: `rtx_core::fused::Kernel`).
+fn rounds(i: &Instr) -> bool {
+    matches!(i.op, Pointwise::Autocast | Pointwise::AutocastGrad)
+}
+
+/// `let __tN = scalar::op(args);`, with `operand` spelling each argument; with `plain`, a
+/// rounding to the call's precision is `let __tN = x;` (the body for calls at f32).
+fn instr_with(i: &Instr, plain: bool, operand: impl Fn(&Operand) -> TokenStream) -> TokenStream {
     let t = format_ident!("__t{}", i.node);
     let f = format_ident!("{}", i.op.name());
     let args: Vec<TokenStream> = i.args.iter().map(operand).collect();
     match i.op {
+        Pointwise::Autocast | Pointwise::AutocastGrad if plain => {
+            let x = &args[0];
+            quote!(let #t = #x;)
+        }
         // The call's rounding, read from the context once per call (`emit_fn`).
         Pointwise::Autocast | Pointwise::AutocastGrad => {
             let x = &args[0];
@@ -200,16 +211,20 @@ fn pointwise_closure(
         outputs: outputs.len(),
     };
     kernels.closure_keyed(signature, BodyKey::pointwise(body, outputs), || {
-        let params = (0..inputs).map(|i| format_ident!("__i{}", i));
-        let instrs = body.iter().map(instr);
-        let results = outputs.iter().map(|&o| format_ident!("__t{}", o));
-        quote! {
-            #[inline(always)]
-            move |[#(#params),*]: [f32; #inputs]| {
-                #(#instrs)*
-                [#(#results),*]
+        let closure = |plain: bool| {
+            let params = (0..inputs).map(|i| format_ident!("__i{}", i));
+            let instrs = body.iter().map(|i| instr(i, plain));
+            let results = outputs.iter().map(|&o| format_ident!("__t{}", o));
+            quote! {
+                #[inline(always)]
+                move |[#(#params),*]: [f32; #inputs]| {
+                    #(#instrs)*
+                    [#(#results),*]
+                }
             }
-        }
+        };
+        let plain = body.iter().any(rounds).then(|| closure(true));
+        (closure(false), plain)
     })
 }
 
@@ -333,8 +348,8 @@ fn row_operand(o: &Operand, wide: bool, varies: &[bool]) -> TokenStream {
     }
 }
 
-fn row_map(i: &Instr, wide: bool, varies: &[bool]) -> TokenStream {
-    instr_with(i, |a| row_operand(a, wide, varies))
+fn row_map(i: &Instr, wide: bool, varies: &[bool], plain: bool) -> TokenStream {
+    instr_with(i, plain, |a| row_operand(a, wide, varies))
 }
 
 /// A row group: one closure per row. Row scalars are computed once; each reduction is one
@@ -367,7 +382,14 @@ fn rows(
     let closure = kernels.closure_keyed(
         signature,
         BodyKey::rows(body, outputs, &varies, &out_wide),
-        || row_closure(body, outputs, &varies, &out_wide),
+        || {
+            let rounding = row_closure(body, outputs, &varies, &out_wide, false);
+            let any_rounding = body
+                .iter()
+                .any(|step| matches!(step, RowInstr::Map { instr, .. } if rounds(instr)));
+            let plain = any_rounding.then(|| row_closure(body, outputs, &varies, &out_wide, true));
+            (rounding, plain)
+        },
     );
     let shape = w.shape(ir, shape_of);
     let (ins, outs) = (list(inputs), list(outputs));
@@ -384,6 +406,7 @@ fn row_closure(
     outputs: &[NodeId],
     varies: &[bool],
     out_wide: &[bool],
+    plain: bool,
 ) -> TokenStream {
     let n = varies.len();
     let is_wide = |id: NodeId| {
@@ -427,9 +450,11 @@ fn row_closure(
     for step in body {
         match step {
             RowInstr::Map { instr, wide: true } => {
-                wide_instrs.push((instr.node, row_map(instr, true, &varies)));
+                wide_instrs.push((instr.node, row_map(instr, true, varies, plain)));
             }
-            RowInstr::Map { instr, wide: false } => stmts.extend(row_map(instr, false, &varies)),
+            RowInstr::Map { instr, wide: false } => {
+                stmts.extend(row_map(instr, false, varies, plain))
+            }
             RowInstr::Reduce { node, op, arg } => {
                 let t = format_ident!("__t{}", node);
                 let arg = row_operand(arg, true, &varies);
