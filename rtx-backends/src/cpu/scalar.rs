@@ -410,6 +410,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn rounding_at_f32_returns_every_value_unchanged_whatever_the_loss_scale() {
+        // The macro's `Plain` kernels drop these calls at f32: they must be the identity
+        // there, bit for bit, for every value and loss scale.
+        let mut specials = vec![
+            0.0f32,
+            -0.0,
+            f32::MIN_POSITIVE,
+            1e-45,
+            -1e-45,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        let mut state = 0x9e37_79b9u32;
+        for _ in 0..10_000 {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            specials.push(f32::from_bits(state));
+        }
+        for scale in [1.0f32, 1024.0, 65536.0] {
+            let r = Rounding::new(HalfType::None, scale);
+            for &x in &specials {
+                assert_eq!(autocast(x, r).to_bits(), x.to_bits(), "autocast({x:e})");
+                let g = autocast_grad(x, r);
+                assert!(
+                    g.to_bits() == x.to_bits() || (g.is_nan() && x.is_nan()),
+                    "autocast_grad({x:e}) at scale {scale} = {g:e}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn exp_is_within_2_ulp_of_f64_over_the_normal_range() {
         let mut x = -87.3f32;
         while x < 88.7 {
