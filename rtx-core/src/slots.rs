@@ -440,8 +440,11 @@ fn internal(what: String) -> RtxError {
 mod tests {
     use super::*;
 
+    /// The unused `Rounding` half of a body that never rounds.
+    type NoRounding<const N: usize, const M: usize> = fn([f32; N]) -> [f32; M];
+
     /// A body with no rounding, as the macro passes one.
-    fn plain<const N: usize, const M: usize, F>(f: F) -> Kernel<F, fn([f32; N]) -> [f32; M]>
+    fn plain<const N: usize, const M: usize, F>(f: F) -> Kernel<F, NoRounding<N, M>>
     where
         F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
     {

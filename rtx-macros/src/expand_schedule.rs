@@ -457,7 +457,7 @@ fn row_closure(
             }
             RowInstr::Reduce { node, op, arg } => {
                 let t = format_ident!("__t{}", node);
-                let arg = row_operand(arg, true, &varies);
+                let arg = row_operand(arg, true, varies);
                 let (wide_stmts, newly) = pass(&wide_instrs, &stored, true);
                 stored.extend(newly);
                 // The values reduced go to the scratch row in one plain loop (vectorized),

@@ -136,7 +136,7 @@ pub(super) fn columns_k_major(
     col0: usize,
     dst: &mut [f32],
 ) -> bool {
-    if nr % 8 != 0 || !std::arch::is_x86_feature_detected!("avx2") {
+    if !nr.is_multiple_of(8) || !std::arch::is_x86_feature_detected!("avx2") {
         return false;
     }
     let last = b.offset + (col0 + nr - 1) * b.col_stride + k;
