@@ -577,6 +577,9 @@ fn row_sums_come_with_the_product_on_every_path() {
         (128, 256, 10),
         (128, 256, 64),
         (100, 300, 1100),
+        // A GPT weight gradient: K = 2048 in eight slices, columns split into blocks that
+        // share one packing of A (the row sums then come from that packing).
+        (128, 2048, 512),
     ] {
         let a_t = rng.vec(k * m);
         let la = Layout::contiguous(&[k, m]).permute(&[1, 0]);

@@ -72,9 +72,10 @@ pub(super) fn packed<'b, A: PackA>(
     // A once up front instead (unless A is built from an image, or too large to keep).
     let a_panels = m.div_ceil(mr);
     let a_len = a_panels * mr * k;
-    // (Row sums are added up while a task packs its block.)
-    let share_a =
-        col_blocks > 1 && !costly_a && row_sums.is_none() && batches * a_len <= SHARED_A_MAX;
+    // Row sums are added up while a task packs its block or, when A is packed once, from
+    // that packed A (a weight gradient with K = 2048 split into column blocks packed all of
+    // A again per block, which cost it a fifth of its time).
+    let share_a = col_blocks > 1 && !costly_a && batches * a_len <= SHARED_A_MAX;
 
     let c = OutPtr(out.as_mut_ptr());
     // Packed B comes from the shared buffer cache, not this thread's scratch: a call from
@@ -111,6 +112,11 @@ pub(super) fn packed<'b, A: PackA>(
                             slice.chunks_mut(group).enumerate().for_each(pack);
                         }
                     }
+                    if let Some(sums) = row_sums {
+                        // SAFETY: `batch * m` is inside the `batches * m` sums.
+                        let sums = OutPtr(unsafe { sums.get().add(batch * m) });
+                        sum_shared_rows(batch_a, m, k, mr, sums, parallel);
+                    }
                 }
             }
             let shared_a = &*shared_a;
@@ -127,7 +133,7 @@ pub(super) fn packed<'b, A: PackA>(
                     // The first column block of each row block adds up its rows.
                     // SAFETY: `batch * m` is inside the `batches * m` sums.
                     row_sums: row_sums
-                        .filter(|_| col0 == 0)
+                        .filter(|_| col0 == 0 && !share_a)
                         .map(|p| OutPtr(unsafe { p.get().add(batch * m) })),
                     packed_b: &packed_b[if b_shared { 0 } else { batch * b_len }..][..b_len],
                     // SAFETY: `batch * m * n` is inside `out`, which holds `batches * m * n`.
@@ -337,6 +343,39 @@ const MAX_BLOCK_ROWS: usize = super::MAX_ROW_PANELS * 14;
 
 /// Adds each row of a packed A block (row panels `mr` tall, `kc` columns, k-major) to `sums`
 /// (one per row of the block), column by column.
+/// The row sums of one batch's A from its shared packing (`packed`: K slice by K slice,
+/// every row panel in each), written to `sums[..m]`: per group of row panels, each row adds
+/// its values in K order in f64 (the order `Block::multiply` uses), then rounds once.
+fn sum_shared_rows(packed: &[f32], m: usize, k: usize, mr: usize, sums: OutPtr, parallel: bool) {
+    const GROUP: usize = SHARED_A_PANELS;
+    let panels = m.div_ceil(mr);
+    let group_sums = |g: usize| {
+        let first = g * GROUP;
+        let count = GROUP.min(panels - first);
+        let mut acc = [0f64; GROUP * MAX_TILE_ROWS];
+        let acc = &mut acc[..count * mr];
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            let slice = &packed[panels * mr * k0 + first * kc * mr..][..count * kc * mr];
+            add_rows(slice, kc, mr, acc);
+        }
+        let row0 = first * mr;
+        for (r, &sum) in acc.iter().enumerate().take(m - row0) {
+            // SAFETY: row `row0 + r < m` of this batch's sums belongs to group `g` alone.
+            unsafe { *sums.get().add(row0 + r) = sum as f32 };
+        }
+    };
+    let groups = panels.div_ceil(GROUP);
+    if parallel {
+        (0..groups).into_par_iter().for_each(group_sums);
+    } else {
+        (0..groups).for_each(group_sums);
+    }
+}
+
+/// The most rows a micro-kernel tile has (`mr` of every kernel is at most this).
+const MAX_TILE_ROWS: usize = 16;
+
 fn add_rows(packed_a: &[f32], kc: usize, mr: usize, sums: &mut [f64]) {
     for (panel, panel_sums) in packed_a
         .chunks_exact(kc * mr)
