@@ -29,6 +29,18 @@ use std::sync::Mutex;
 /// at once; each takes its own).
 static SPARE: Mutex<Vec<Vec<Option<Tensor>>>> = Mutex::new(Vec::new());
 
+/// Runs `$step` with `$body` bound to whichever version of a kernel the call chose
+/// ([`Kernel`]): the two versions are different closure types, so the step is compiled once
+/// for each.
+macro_rules! with_body {
+    ($kernel:expr, |$body:ident| $step:expr) => {
+        match $kernel {
+            Kernel::Plain($body) => $step,
+            Kernel::Rounding($body) => $step,
+        }
+    };
+}
+
 /// One slot per node of the function's graph; see the module docs.
 #[doc(hidden)]
 pub struct Slots {
@@ -251,25 +263,10 @@ impl Slots {
         F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
         G: Fn([f32; N]) -> [f32; M] + Sync + Copy,
     {
-        match body {
-            Kernel::Plain(f) => self.fused_with(inputs, outputs, shape, f),
-            Kernel::Rounding(g) => self.fused_with(inputs, outputs, shape, g),
-        }
-    }
-
-    fn fused_with<const N: usize, const M: usize, F>(
-        &mut self,
-        inputs: [usize; N],
-        outputs: [usize; M],
-        shape: &[usize],
-        body: F,
-    ) where
-        F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
-    {
-        self.step(|s| {
+        with_body!(body, |body| self.step(|s| {
             let values = fused::fused(s.refs(inputs)?, shape, body)?;
             s.put(outputs, values)
-        })
+        }))
     }
 
     /// A pointwise group whose input `donor` dies here: its buffer may take output 0
@@ -285,23 +282,7 @@ impl Slots {
         F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
         G: Fn([f32; N]) -> [f32; M] + Sync + Copy,
     {
-        match body {
-            Kernel::Plain(f) => self.fused_donating_with(inputs, donor, outputs, shape, f),
-            Kernel::Rounding(g) => self.fused_donating_with(inputs, donor, outputs, shape, g),
-        }
-    }
-
-    fn fused_donating_with<const N: usize, const M: usize, F>(
-        &mut self,
-        inputs: [usize; N],
-        donor: usize,
-        outputs: [usize; M],
-        shape: &[usize],
-        body: F,
-    ) where
-        F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
-    {
-        self.step(|s| {
+        with_body!(body, |body| self.step(|s| {
             let mut donated = Some(s.take(donor)?);
             let mut missing = None;
             let args = inputs.map(|id| match donated.take_if(|_| id == donor) {
@@ -316,7 +297,7 @@ impl Slots {
             }
             let values = fused::fused_donating(args, shape, body)?;
             s.put(outputs, values)
-        })
+        }))
     }
 
     /// A group that only rounds node `input` to the call's precision: at f32 its value is
@@ -346,27 +327,10 @@ impl Slots {
         F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
         G: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
     {
-        match body {
-            Kernel::Plain(f) => self.rows_with(inputs, outputs, shape, varies, out_wide, f),
-            Kernel::Rounding(g) => self.rows_with(inputs, outputs, shape, varies, out_wide, g),
-        }
-    }
-
-    fn rows_with<const N: usize, const M: usize, F>(
-        &mut self,
-        inputs: [usize; N],
-        outputs: [usize; M],
-        shape: &[usize],
-        varies: [bool; N],
-        out_wide: [bool; M],
-        body: F,
-    ) where
-        F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
-    {
-        self.step(|s| {
+        with_body!(body, |body| self.step(|s| {
             let values = fused::rows(s.refs(inputs)?, shape, varies, out_wide, body)?;
             s.put(outputs, values)
-        })
+        }))
     }
 
     /// `a @ b` with a pointwise epilogue over the product and `extras` (`fused::matmul_fused`).
@@ -382,28 +346,11 @@ impl Slots {
         F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
         G: Fn([f32; N]) -> [f32; M] + Sync + Copy,
     {
-        match body {
-            Kernel::Plain(f) => self.matmul_fused_with(a, b, extras, outputs, shape, f),
-            Kernel::Rounding(g) => self.matmul_fused_with(a, b, extras, outputs, shape, g),
-        }
-    }
-
-    fn matmul_fused_with<const N: usize, const E: usize, const M: usize, F>(
-        &mut self,
-        a: usize,
-        b: usize,
-        extras: [usize; E],
-        outputs: [usize; M],
-        shape: &[usize],
-        body: F,
-    ) where
-        F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
-    {
-        self.step(|s| {
+        with_body!(body, |body| self.step(|s| {
             let [a, b] = s.refs([a, b])?;
             let values = fused::matmul_fused(a, b, s.refs(extras)?, shape, body)?;
             s.put(outputs, values)
-        })
+        }))
     }
 
     /// A weight gradient and its bias gradient from one GEMM (`fused::matmul_row_sums`).

@@ -169,8 +169,9 @@ impl Signature {
 }
 
 /// A fusion group's body written as plain text with its nodes numbered in order of first
-/// appearance: two groups get the same key exactly when the closures `expand_schedule`'s
-/// `pointwise_closure` or `row_closure` would emit for them are the same after renaming temporaries (the key
+/// appearance: two groups get the same key exactly when the closures that
+/// `expand_schedule::pointwise_closure` or `expand_rows::row_closure` would emit for them are
+/// the same after renaming temporaries (the key
 /// holds everything those read: ops with their constants, operands, outputs, and for row
 /// groups which inputs vary along the row and which outputs are wide). Computed without
 /// building tokens, so a body repeated by every block of a model is built once.

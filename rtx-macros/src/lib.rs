@@ -13,6 +13,7 @@ mod expand_graph;
 mod expand_kernels;
 mod expand_model_trait;
 mod expand_obligations;
+mod expand_rows;
 mod expand_schedule;
 mod expand_stand_in;
 mod expand_step_text;

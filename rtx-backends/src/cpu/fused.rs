@@ -115,30 +115,21 @@ where
     let inner = shape.last().copied().unwrap_or(1);
     let flat: [bool; N] =
         std::array::from_fn(|k| Some(k) == in_place || inputs[k].1.is_contiguous());
-    let gather = inner < SHORT_ROW && flat.iter().any(|f| !f);
+    let gather_short_rows = inner < SHORT_ROW && flat.iter().any(|f| !f);
     let piece = |start: usize, len: usize| {
         // SAFETY: `start..start + len` lies inside every output buffer (each has `n` elements)
         // and no other piece touches it.
         let mut dst: [&mut [f32]; M] = std::array::from_fn(|m| unsafe {
             std::slice::from_raw_parts_mut(ptrs[m].0.add(start), len)
         });
-        if gather {
+        if gather_short_rows {
             let mut staged: [Option<crate::pool::Scratch>; N] = std::array::from_fn(|k| {
                 (!flat[k]).then(|| crate::pool::Scratch(crate::pool::take(len)))
             });
             walk.runs(start, len, |at, run, pos, strides| {
                 for (k, stage) in staged.iter_mut().enumerate() {
                     let Some(stage) = stage else { continue };
-                    let dst = &mut stage.0[at..at + run];
-                    match strides[k] {
-                        0 => dst.fill(data[k][pos[k]]),
-                        1 => dst.copy_from_slice(&data[k][pos[k]..pos[k] + run]),
-                        s => {
-                            for (j, d) in dst.iter_mut().enumerate() {
-                                *d = data[k][pos[k] + j * s];
-                            }
-                        }
-                    }
+                    gather(&mut stage.0[at..at + run], data[k], pos[k], strides[k]);
                 }
             });
             let offsets: [usize; N] = std::array::from_fn(|k| inputs[k].1.offset);
@@ -225,6 +216,21 @@ const STREAM_BYTES: usize = 32 << 20;
 
 /// Length of the stack runs that hold a broadcast input's value (see `drive`).
 const SPLAT: usize = 64;
+
+/// `dst[j] = data[at + j * stride]`: a value repeated (stride 0), a copy (1), or a strided
+/// gather, each as its own loop.
+#[inline(always)]
+pub(crate) fn gather(dst: &mut [f32], data: &[f32], at: usize, stride: usize) {
+    match stride {
+        0 => dst.fill(data[at]),
+        1 => dst.copy_from_slice(&data[at..at + dst.len()]),
+        _ => {
+            for (j, d) in dst.iter_mut().enumerate() {
+                *d = data[at + j * stride];
+            }
+        }
+    }
+}
 
 /// Rows shorter than this are not walked run by run when an input needs gathering (see
 /// `drive`).

@@ -3,7 +3,7 @@
 
 use super::{CBlock, OutPtr, Product, gemm, gemm_kernel};
 use crate::cpu::check::{self, KResult};
-use crate::cpu::fused::pointer_loop;
+use crate::cpu::fused::{gather, pointer_loop};
 use crate::cpu::strided::{numel, position};
 use crate::layout::{Dims, Layout};
 
@@ -94,14 +94,10 @@ where
                                 col_strides[i],
                                 bases[i] + r * row_strides[i] + start * col_strides[i],
                             );
-                            match stride {
-                                1 => direct[i] = Some(data[at..at + len].as_ptr()),
-                                0 => staged[i][..len].fill(data[at]),
-                                _ => {
-                                    for (j, v) in staged[i][..len].iter_mut().enumerate() {
-                                        *v = data[at + j * stride];
-                                    }
-                                }
+                            if stride == 1 {
+                                direct[i] = Some(data[at..at + len].as_ptr());
+                            } else {
+                                gather(&mut staged[i][..len], data, at, stride);
                             }
                         }
                         let ins: [*const f32; N] =

@@ -341,8 +341,6 @@ pub(crate) unsafe fn tile(
 /// Most rows of one task's block: `MAX_ROW_PANELS` panels of the tallest kernel.
 const MAX_BLOCK_ROWS: usize = super::MAX_ROW_PANELS * 14;
 
-/// Adds each row of a packed A block (row panels `mr` tall, `kc` columns, k-major) to `sums`
-/// (one per row of the block), column by column.
 /// The row sums of one batch's A from its shared packing (`packed`: K slice by K slice,
 /// every row panel in each), written to `sums[..m]`: per group of row panels, each row adds
 /// its values in K order in f64 (the order `Block::multiply` uses), then rounds once.
@@ -376,8 +374,8 @@ fn sum_shared_rows(packed: &[f32], m: usize, k: usize, mr: usize, sums: OutPtr, 
 /// The most rows a micro-kernel tile has (`mr` of every kernel is at most this).
 const MAX_TILE_ROWS: usize = 16;
 
-/// Adds each row of packed panels (`kc` columns of `mr` values each) to its f64 sum, in K
-/// order. Run at the widest SIMD level with the panel height as a constant, so the `mr`
+/// Adds each row of packed A panels (`mr` rows tall, `kc` columns, k-major) to its f64 sum
+/// in `sums` (one per row), in K order. Run at the widest SIMD level with the panel height as a constant, so the `mr`
 /// sums of a panel are vector lanes: as a scalar loop it cost 10-20% of a weight gradient's
 /// GEMM. Each row still adds its values one after another, so the bits do not change.
 fn add_rows(packed_a: &[f32], kc: usize, mr: usize, sums: &mut [f64]) {
