@@ -110,6 +110,27 @@ fn cnn_steps(steps: usize, batch: usize) -> Vec<usize> {
     })
 }
 
+/// GPT training steps on random token windows: four blocks keep more than a dozen
+/// `[B, T, 128]` activations alive at once, more buffers of one size than the smaller models.
+fn gpt_steps(steps: usize, batch: usize) -> Vec<usize> {
+    use models::gpt::{CONTEXT, Gpt};
+    let mut model = Gpt::init(4);
+    let mut rng = Rng::new(4);
+    let mut ids = || {
+        let ids = (0..batch * CONTEXT)
+            .map(|_| rng.below(models::corpus::VOCAB) as i64)
+            .collect();
+        Tensor::from_i64(ids, &[batch, CONTEXT]).unwrap()
+    };
+    let (x, y) = (ids(), ids());
+    let mut optimizer = AdamW::new(1e-3);
+    let mut ctx = Ctx::train(4);
+    allocations_per_step(steps, || {
+        let (_, grads) = model.loss_and_grads(&mut ctx, &x, &y).unwrap();
+        optimizer.step(&mut model, &grads).unwrap();
+    })
+}
+
 fn mlp_forward(steps: usize, batch: usize) -> Vec<usize> {
     let model = Mlp::init(3);
     let x: Tensor = Rng::new(3).images(&[batch, 64]);
@@ -126,6 +147,7 @@ fn training_steps_and_forward_passes_allocate_nothing_after_warm_up() {
         [
             ("mlp step b=256", mlp_steps(4, 256)),
             ("cnn step b=32", cnn_steps(4, 32)),
+            ("gpt step b=2", gpt_steps(4, 2)),
             ("mlp forward b=1", mlp_forward(4, 1)),
             ("mlp forward b=256", mlp_forward(4, 256)),
         ]
@@ -149,6 +171,7 @@ fn training_steps_and_forward_passes_allocate_nothing_after_warm_up() {
         [
             ("mlp step b=600", mlp_steps(6, 600)),
             ("cnn step b=128", cnn_steps(6, 128)),
+            ("gpt step b=4", gpt_steps(6, 4)),
         ]
     });
     for (what, counts) in &two {
@@ -175,6 +198,7 @@ fn training_steps_and_forward_passes_allocate_nothing_after_warm_up() {
     for (what, counts) in [
         ("mlp step b=256 from outside the pool", mlp_steps(8, 256)),
         ("cnn step b=128 from outside the pool", cnn_steps(8, 128)),
+        ("gpt step b=4 from outside the pool", gpt_steps(8, 4)),
     ] {
         assert!(
             counts[4..].iter().all(|&n| n == 0),

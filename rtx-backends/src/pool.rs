@@ -9,12 +9,26 @@
 //! freed as usual. `RTX_POOL=0` turns caching off.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
+
+/// Bytes of every buffer `take` had to allocate, since the program started.
+static ALLOCATED: AtomicU64 = AtomicU64::new(0);
+
+/// The bytes of all buffers the cache has allocated so far (a running total: what the
+/// runtime's kernels have asked the system for, for benchmarks and memory reports). After a
+/// training step's first call it stops growing.
+pub fn allocated_bytes() -> u64 {
+    ALLOCATED.load(Ordering::Relaxed)
+}
+
+fn fresh(len: usize) -> Vec<f32> {
+    ALLOCATED.fetch_add(len as u64 * 4, Ordering::Relaxed);
+    vec![0.0; len]
+}
 
 /// At most this many bytes are kept for reuse.
 const CAP_BYTES: usize = 1 << 30;
-/// At most this many idle buffers of one length.
-const PER_LENGTH: usize = 16;
 
 #[derive(Default)]
 struct Pool {
@@ -44,7 +58,7 @@ fn reuse(len: usize) -> Option<Vec<f32>> {
 /// A buffer of `len` elements whose contents are unspecified (a recycled buffer keeps its old
 /// values): for kernels that write every element.
 pub fn take(len: usize) -> Vec<f32> {
-    reuse(len).unwrap_or_else(|| vec![0.0; len])
+    reuse(len).unwrap_or_else(|| fresh(len))
 }
 
 /// A buffer of `len` zeros.
@@ -54,7 +68,7 @@ pub fn take_zeroed(len: usize) -> Vec<f32> {
             v.fill(0.0);
             v
         }
-        None => vec![0.0; len],
+        None => fresh(len),
     }
 }
 
@@ -85,16 +99,11 @@ pub fn give_back(buffer: Vec<f32>) {
     if p.bytes + len * 4 > CAP_BYTES {
         return;
     }
-    // A length's list holds up to PER_LENGTH buffers from its creation, so how many buffers
-    // of one size happen to be idle at once (which varies with thread scheduling) never
-    // makes it grow, i.e. allocate, in a later step.
-    let list = p
-        .free
-        .entry(len)
-        .or_insert_with(|| Vec::with_capacity(PER_LENGTH));
-    if list.len() >= PER_LENGTH {
-        return;
-    }
+    // No limit per length: a step's intermediates all come back by its end, so every
+    // length's list reaches its largest size in the first step and never grows (i.e.
+    // allocates) again. A limit of 16 made a GPT step free, and the next one allocate again,
+    // the [B, T, C] buffers beyond the 16th (38 MiB per step at batch 32).
+    let list = p.free.entry(len).or_default();
     list.push(buffer);
     p.bytes += len * 4;
 }

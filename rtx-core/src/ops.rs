@@ -332,8 +332,7 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
         }
         Op::Positions { .. } => {
             // The shape rule ran: the output is [n].
-            let n = out_shape.first().copied().unwrap_or(0);
-            Tensor::from_i64((0..n as i64).collect(), out_shape)?
+            positions(out_shape.first().copied().unwrap_or(0))?
         }
         Op::ArgMax { axis } => {
             let (d, l) = f32s(a(0), op)?;
@@ -412,4 +411,25 @@ pub fn materialize(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
         });
     }
     g.try_contiguous()
+}
+
+/// The positions `0..n` as an i64 tensor `[n]`. The few lengths a program uses are kept
+/// (a tensor's data is never written in place once shared), so a step that reads them
+/// allocates nothing.
+fn positions(n: usize) -> Result<Tensor> {
+    use std::sync::Mutex;
+    const KEPT: usize = 8;
+    static MADE: Mutex<Vec<Tensor>> = Mutex::new(Vec::new());
+    let mut made = MADE.lock().ok();
+    if let Some(t) = made
+        .as_ref()
+        .and_then(|m| m.iter().find(|t| t.shape() == [n]))
+    {
+        return Ok(t.clone());
+    }
+    let t = Tensor::from_i64((0..n as i64).collect(), &[n])?;
+    if let Some(m) = made.as_mut().filter(|m| m.len() < KEPT) {
+        m.push(t.clone());
+    }
+    Ok(t)
 }

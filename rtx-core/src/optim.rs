@@ -12,7 +12,7 @@ use crate::module::{Grads, Module};
 use crate::tensor::{Tensor, fmt_dims};
 use rayon::iter::Either;
 use rayon::prelude::*;
-use smallvec::SmallVec;
+
 use std::borrow::Cow;
 
 pub trait Optimizer {
@@ -46,9 +46,40 @@ struct ParamState {
     steps: i32,
 }
 
-/// The state of every parameter, in the order the model visits them.
+/// The state of every parameter, in the order the model visits them, and the step's
+/// recycled lists.
 #[derive(Clone, Debug, Default)]
-struct States(Vec<ParamState>);
+struct States(Vec<ParamState>, Spare);
+
+/// The allocations of a step's two lists (gathered parameters, and their slots), kept empty
+/// between steps: a model with more parameters than fit inline (the GPT has 50) would
+/// otherwise allocate both in every step.
+#[derive(Default)]
+struct Spare {
+    gathered: Vec<(&'static mut Tensor, Cow<'static, [f32]>)>,
+    slots: Vec<Slot<'static>>,
+}
+
+impl Clone for Spare {
+    /// A copy starts with lists of its own.
+    fn clone(&self) -> Spare {
+        Spare::default()
+    }
+}
+
+impl std::fmt::Debug for Spare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Spare")
+    }
+}
+
+/// `v` emptied, as a list of another type of the same size and alignment on the same
+/// allocation (the standard library collects a `filter_map` of a vector's `into_iter` in
+/// place): how a list of borrowed slots outlives the borrows of one step.
+fn recycle<A, B>(mut v: Vec<A>) -> Vec<B> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
 
 impl States {
     /// Every parameter's buffers (`buffer_names`, for the buffers the optimizer keeps) and
@@ -123,65 +154,68 @@ impl States {
                 steps,
             });
         }
-        Ok(States(states))
-    }
-
-    /// Makes entry `index` the state of `name` (`buffers` of zeros in `shape` for a new
-    /// one). A state loaded from a checkpoint that does not fit the parameter is an error.
-    fn align(&mut self, index: usize, name: &str, shape: &[usize], buffers: usize) -> Result<()> {
-        let len = shape.iter().product();
-        let fits = |s: &ParamState| {
-            s.first.len() == if buffers >= 1 { len } else { 0 }
-                && s.second.len() == if buffers >= 2 { len } else { 0 }
-                && (buffers == 0 || s.shape == shape)
-        };
-        let misfit = |s: &ParamState| RtxError::ShapeMismatch {
-            context: format!("optimizer state of `{name}`"),
-            expected: format!("{buffers} buffer(s) of shape {}", fmt_dims(shape)),
-            found: format!(
-                "buffers of {} and {} values, shape {}",
-                s.first.len(),
-                s.second.len(),
-                fmt_dims(&s.shape)
-            ),
-        };
-        if let Some(s) = self.0.get(index).filter(|s| s.name == name) {
-            return if fits(s) { Ok(()) } else { Err(misfit(s)) };
-        }
-        match self.0.iter().position(|s| s.name == name) {
-            Some(at) => {
-                if !fits(&self.0[at]) {
-                    return Err(misfit(&self.0[at]));
-                }
-                let last = self.0.len() - 1;
-                self.0.swap(index.min(last), at);
-            }
-            None => {
-                let fresh = ParamState {
-                    name: name.to_string(),
-                    shape: shape.to_vec(),
-                    first: if buffers >= 1 {
-                        vec![0.0; len]
-                    } else {
-                        Vec::new()
-                    },
-                    second: if buffers >= 2 {
-                        vec![0.0; len]
-                    } else {
-                        Vec::new()
-                    },
-                    steps: 0,
-                };
-                let at = index.min(self.0.len());
-                self.0.insert(at, fresh);
-            }
-        }
-        Ok(())
+        Ok(States(states, Spare::default()))
     }
 }
 
-/// Parameters with a gradient, in visit order, each with its gradient's values.
-type Gathered<'m, 'g> = SmallVec<[(&'m mut Tensor, Cow<'g, [f32]>); 32]>;
+/// Makes entry `index` the state of `name` (`buffers` of zeros in `shape` for a new
+/// one). A state loaded from a checkpoint that does not fit the parameter is an error.
+fn align(
+    list: &mut Vec<ParamState>,
+    index: usize,
+    name: &str,
+    shape: &[usize],
+    buffers: usize,
+) -> Result<()> {
+    let len = shape.iter().product();
+    let fits = |s: &ParamState| {
+        s.first.len() == if buffers >= 1 { len } else { 0 }
+            && s.second.len() == if buffers >= 2 { len } else { 0 }
+            && (buffers == 0 || s.shape == shape)
+    };
+    let misfit = |s: &ParamState| RtxError::ShapeMismatch {
+        context: format!("optimizer state of `{name}`"),
+        expected: format!("{buffers} buffer(s) of shape {}", fmt_dims(shape)),
+        found: format!(
+            "buffers of {} and {} values, shape {}",
+            s.first.len(),
+            s.second.len(),
+            fmt_dims(&s.shape)
+        ),
+    };
+    if let Some(s) = list.get(index).filter(|s| s.name == name) {
+        return if fits(s) { Ok(()) } else { Err(misfit(s)) };
+    }
+    match list.iter().position(|s| s.name == name) {
+        Some(at) => {
+            if !fits(&list[at]) {
+                return Err(misfit(&list[at]));
+            }
+            let last = list.len() - 1;
+            list.swap(index.min(last), at);
+        }
+        None => {
+            let fresh = ParamState {
+                name: name.to_string(),
+                shape: shape.to_vec(),
+                first: if buffers >= 1 {
+                    vec![0.0; len]
+                } else {
+                    Vec::new()
+                },
+                second: if buffers >= 2 {
+                    vec![0.0; len]
+                } else {
+                    Vec::new()
+                },
+                steps: 0,
+            };
+            let at = index.min(list.len());
+            list.insert(at, fresh);
+        }
+    }
+    Ok(())
+}
 
 /// One parameter's part of a step: its values, its gradient, its state buffers (empty when
 /// the optimizer keeps none) and per-parameter scalars.
@@ -210,7 +244,9 @@ fn multi_tensor_step<M: Module>(
 ) -> Result<()> {
     // Parameters with a gradient, in visit order, with their gradient's values. A gradient
     // that is not contiguous is copied (compiled models return contiguous ones).
-    let mut gathered: Gathered<'_, '_> = SmallVec::new();
+    let States(list, spare) = states;
+    let mut gathered: Vec<(&mut Tensor, Cow<'_, [f32]>)> =
+        recycle(std::mem::take(&mut spare.gathered));
     let mut first_err = None;
     model.visit_params_mut("", &mut |name, t| {
         if first_err.is_some() {
@@ -226,7 +262,7 @@ fn multi_tensor_step<M: Module>(
             return;
         }
         match g.f32_contiguous() {
-            Ok(values) => match states.align(gathered.len(), name, t.shape(), buffers) {
+            Ok(values) => match align(list, gathered.len(), name, t.shape(), buffers) {
                 Ok(()) => gathered.push((t, values)),
                 Err(e) => first_err = Some(e),
             },
@@ -234,10 +270,26 @@ fn multi_tensor_step<M: Module>(
         }
     });
     if let Some(e) = first_err {
+        spare.gathered = recycle(gathered);
         return Err(e);
     }
-    let mut slots: SmallVec<[Slot<'_>; 32]> = SmallVec::new();
-    for ((t, grad), state) in gathered.iter_mut().zip(states.0.iter_mut()) {
+    let mut slots: Vec<Slot<'_>> = recycle(std::mem::take(&mut spare.slots));
+    let result = fill_and_run(&mut gathered, list, &mut slots, &scalars, &update);
+    spare.slots = recycle(slots);
+    spare.gathered = recycle(gathered);
+    result
+}
+
+/// Lends each gathered parameter with its gradient and state to `slots` and runs the update
+/// over them.
+fn fill_and_run<'a>(
+    gathered: &'a mut [(&mut Tensor, Cow<'_, [f32]>)],
+    list: &'a mut [ParamState],
+    slots: &mut Vec<Slot<'a>>,
+    scalars: &impl Fn(&ParamState) -> [f32; 2],
+    update: &(impl Fn(&mut [f32], &[f32], &mut [f32], &mut [f32], [f32; 2]) + Sync),
+) -> Result<()> {
+    for ((t, grad), state) in gathered.iter_mut().zip(list.iter_mut()) {
         // In place when the model alone holds the parameter's buffer (the usual case after
         // `loss_and_grads`); otherwise the parameter gets a copy of its own first.
         if t.f32_in_place().is_none() {
@@ -259,7 +311,7 @@ fn multi_tensor_step<M: Module>(
     }
     let total: usize = slots.iter().map(|s| s.param.len()).sum();
     if total <= 4 * PIECE {
-        for s in &mut slots {
+        for s in slots.iter_mut() {
             update(s.param, s.grad, s.first, s.second, s.scalars);
         }
         return Ok(());

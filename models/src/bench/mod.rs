@@ -9,12 +9,14 @@
 //! minutes; `iters=` says how many timed iterations a figure rests on.
 
 mod kernels;
+mod memory;
 mod steps;
 
 use kernels::{cnn_layers, elementwise_chain, gemm, gemm_bf16, gemm_f16, gemm_shapes};
 use rtx_core::prelude::*;
 use std::fmt;
 use std::time::{Duration, Instant};
+use memory::memory;
 use steps::{cnn_step, gpt_step, mlp_forward, mlp_step_small, mlp_step_wide};
 
 /// How long to run one piece of work.
@@ -171,6 +173,10 @@ const GROUPS: &[Group] = &[
     Group {
         names: &["cnn_layer"],
         run: cnn_layers,
+    },
+    Group {
+        names: &["memory"],
+        run: memory,
     },
     Group {
         names: &["elementwise_chain", "copy"],

@@ -8,7 +8,7 @@ use rtx_core::prelude::*;
 use std::hint::black_box;
 
 /// A random f32 tensor of `shape` and, for classifiers, `batch` labels in 0..10.
-fn random_batch(seed: u64, shape: &[usize]) -> Result<(Tensor, Tensor)> {
+pub(super) fn random_batch(seed: u64, shape: &[usize]) -> Result<(Tensor, Tensor)> {
     let mut rng = Rng::new(seed);
     let numel = shape.iter().product();
     let x = Tensor::from_vec(normal_vec(&mut rng, numel), shape)?;

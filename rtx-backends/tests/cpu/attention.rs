@@ -87,12 +87,12 @@ fn check_shape(
     let (v, lv) = make_view(rng, &shape(tk, dv), view, &mut fill);
     let (g, lg) = make_view(rng, &shape(tq, dv), view, &mut fill);
     let (out, out_shape) = attention((&q, &lq), (&k, &lk), (&v, &lv), causal).unwrap();
-    assert_eq!(out_shape, shape(tq, dv));
+    assert_eq!(out_shape.as_slice(), shape(tq, dv).as_slice());
     let same_shape = tq == tk && d == dv;
     let grads = same_shape.then(|| {
         let (grads, grad_shape) =
             attention_grad((&q, &lq), (&k, &lk), (&v, &lv), (&g, &lg), causal).unwrap();
-        assert_eq!(grad_shape, [3, b, tq, d]);
+        assert_eq!(grad_shape.as_slice(), [3, b, tq, d]);
         grads
     });
     let (q, k, v, g) = (read(&q, &lq), read(&k, &lk), read(&v, &lv), read(&g, &lg));

@@ -13,7 +13,7 @@
 
 use super::check::{self, KResult, KernelError};
 use super::strided::{numel, position, to_contiguous};
-use crate::layout::Layout;
+use crate::layout::{Dims, Layout};
 use rayon::prelude::*;
 use std::borrow::Cow;
 
@@ -88,7 +88,7 @@ impl<'a> Rows<'a> {
 /// transposed with zero columns up to a whole number of key blocks, the weights (and their
 /// gradients) of one group of query rows, and its partial outputs.
 #[derive(Default)]
-struct Scratch {
+pub(super) struct Scratch {
     q: Vec<f32>,
     qs: Vec<f32>,
     k: Vec<f32>,
@@ -99,6 +99,22 @@ struct Scratch {
     p: Vec<f32>,
     dp: Vec<f32>,
     acc: Vec<f32>,
+}
+
+thread_local! {
+    /// Each thread's [`Scratch`], kept between calls: rayon's `for_each_init` makes a fresh
+    /// one per task it splits off, and their ten growing vectors were a GPT step's only
+    /// allocations after the first (hundreds per step).
+    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::default();
+}
+
+/// Runs `f` with this thread's [`Scratch`], taken out for the call and put back after (a
+/// call nested in it would start from an empty one).
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    let mut w = SCRATCH.try_with(std::cell::Cell::take).unwrap_or_default();
+    let r = f(&mut w);
+    let _ = SCRATCH.try_with(|cell| cell.set(w));
+    r
 }
 
 /// The operands, checked: equal batch axes, q and k of one width, one value row per key, and
@@ -152,10 +168,10 @@ pub fn attention(
     k: (&[f32], &Layout),
     v: (&[f32], &Layout),
     causal: bool,
-) -> KResult<(Vec<f32>, Vec<usize>)> {
+) -> KResult<(Vec<f32>, Dims)> {
     let [q, k, v] = operands("attention", q, k, v, causal)?;
     let (tq, tk, d, dv) = (q.rows, k.rows, q.cols, v.cols);
-    let mut shape = q.layout.shape.to_vec();
+    let mut shape = q.layout.shape.clone();
     *shape.last_mut().unwrap_or(&mut 0) = dv;
     let slices = numel(q.batch_shape());
     let mut out = crate::pool::take(slices * tq * dv);
@@ -166,21 +182,23 @@ pub fn attention(
     let scale = 1.0 / (d as f32).sqrt();
     out.par_chunks_mut(tq * dv)
         .enumerate()
-        .for_each_init(Scratch::default, |w, (s, out)| {
-            let a = Slice {
-                q: &q,
-                k: &k,
-                v: &v,
-                s,
-                causal,
-                scale,
-            };
-            // Inlined into `widest`'s copy for the CPU's vector width (a closure
-            // left as a call of its own was compiled for the baseline).
-            super::simd::widest(
-                #[inline(always)]
-                || forward_slice(&a, w, out),
-            )
+        .for_each(|(s, out)| {
+            with_scratch(|w| {
+                let a = Slice {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    s,
+                    causal,
+                    scale,
+                };
+                // Inlined into `widest`'s copy for the CPU's vector width (a closure
+                // left as a call of its own was compiled for the baseline).
+                super::simd::widest(
+                    #[inline(always)]
+                    || forward_slice(&a, w, out),
+                )
+            })
         });
     Ok((out, shape))
 }
@@ -193,7 +211,7 @@ pub fn attention_grad(
     v: (&[f32], &Layout),
     g: (&[f32], &Layout),
     causal: bool,
-) -> KResult<(Vec<f32>, Vec<usize>)> {
+) -> KResult<(Vec<f32>, Dims)> {
     const K: &str = "attention_grad";
     let [q, k, v] = operands(K, q, k, v, causal)?;
     let g = Rows::new(K, "g", g.0, g.1)?;
@@ -219,7 +237,7 @@ pub fn attention_grad(
     let (t, d) = (q.rows, q.cols);
     let slices = numel(q.batch_shape());
     let part = slices * t * d;
-    let mut shape = vec![3];
+    let mut shape = Dims::from_slice(&[3]);
     shape.extend_from_slice(&q.layout.shape);
     let mut out = crate::pool::take(3 * part);
     out.fill(0.0);
@@ -233,19 +251,21 @@ pub fn attention_grad(
         .zip(dk.par_chunks_mut(t * d))
         .zip(dv.par_chunks_mut(t * d))
         .enumerate()
-        .for_each_init(Scratch::default, |w, (s, ((dq, dk), dv))| {
-            let a = Slice {
-                q: &q,
-                k: &k,
-                v: &v,
-                s,
-                causal,
-                scale,
-            };
-            super::simd::widest(
-                #[inline(always)]
-                || backward_slice(&a, w, &g, (dq, dk, dv)),
-            )
+        .for_each(|(s, ((dq, dk), dv))| {
+            with_scratch(|w| {
+                let a = Slice {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    s,
+                    causal,
+                    scale,
+                };
+                super::simd::widest(
+                    #[inline(always)]
+                    || backward_slice(&a, w, &g, (dq, dk, dv)),
+                )
+            })
         });
     Ok((out, shape))
 }
