@@ -105,6 +105,9 @@ fn unreduce_layout(g: &Layout, shape: &[usize], axes: &[usize], keepdim: bool) -
 
 /// Executes `op` on `args`. Leaves (`Input`, `Param`) are bound by the caller, not here.
 pub fn run_op(op: &Op, args: &[&Tensor], ctx: &mut Ctx) -> Result<Tensor> {
+    // An eager op from the main thread forks its kernel in place rather than handing it to
+    // a pool it is not part of (see `parallel::join_pool_from_main`).
+    crate::parallel::join_pool_from_main();
     let out_shape = check_shapes(op, args)?;
     check_size(op, args, &out_shape)?;
     execute(op, args, &out_shape, ctx)

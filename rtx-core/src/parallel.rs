@@ -26,10 +26,14 @@ const POOL_WORK: usize = 32 * 1024;
 /// pool thread.
 #[doc(hidden)]
 pub fn run<R: Send>(largest: usize, f: impl FnOnce() -> R + Send) -> R {
+    // Before the size test: a small call's kernels may still fork (a GEMM of 2^20
+    // multiply-adds has only 16K outputs), and with the main thread outside the pool each
+    // fork would hand its work over and wait (a batch-128 MLP forward pass: 115 µs instead
+    // of 60).
+    join_pool_from_main();
     if largest < POOL_WORK {
         return f();
     }
-    join_pool_from_main();
     if rayon::current_thread_index().is_some() {
         // Only the main thread sets `IN_CALL_ON_MAIN`: set already, this call is nested.
         if !TEAM_LEAD.with(Cell::get) || IN_CALL_ON_MAIN.swap(true, Ordering::AcqRel) {
@@ -87,7 +91,7 @@ impl Drop for LeaveCall {
 /// and then blocks on outside rayon (a channel's `recv`) would never run.
 pub fn join_pool_from_main() {
     static TRIED: std::sync::Once = std::sync::Once::new();
-    if std::thread::current().name() != Some("main") {
+    if TRIED.is_completed() || std::thread::current().name() != Some("main") {
         return;
     }
     TRIED.call_once(|| {
