@@ -38,6 +38,9 @@ fn gpt_step_fits_one_arena_of_about_its_peak() {
     assert!(report.peak_bytes * 4 < report.total_bytes, "{report:?}");
     // Fixed offsets placed by size leave gaps of under 1% of the peak, where a cache of
     // exact-size buffers holds more (one buffer per size for its busiest step).
-    assert!(report.arena_bytes * 100 <= report.peak_bytes * 101, "{report:?}");
+    assert!(
+        report.arena_bytes * 100 <= report.peak_bytes * 101,
+        "{report:?}"
+    );
     assert!(report.cache_bytes >= report.arena_bytes, "{report:?}");
 }

@@ -12,7 +12,6 @@ use crate::module::{Grads, Module};
 use crate::tensor::{Tensor, fmt_dims};
 use rayon::iter::Either;
 use rayon::prelude::*;
-
 use std::borrow::Cow;
 
 pub trait Optimizer {

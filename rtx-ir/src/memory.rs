@@ -478,7 +478,8 @@ mod tests {
             assert!(offsets[i] + a.bytes <= size);
             for (j, b) in lives.iter().enumerate().skip(i + 1) {
                 let together = a.first <= b.last && b.first <= a.last;
-                let apart = offsets[i] + a.bytes <= offsets[j] || offsets[j] + b.bytes <= offsets[i];
+                let apart =
+                    offsets[i] + a.bytes <= offsets[j] || offsets[j] + b.bytes <= offsets[i];
                 assert!(!together || apart, "buffers {i} and {j} overlap");
             }
         }

@@ -37,7 +37,9 @@ fn report(
         .function("loss")
         .ok_or_else(|| RtxError::Invalid(format!("model {name} has no `loss` function")))?;
     let plan = loss.memory_report(symbols).ok_or_else(|| {
-        RtxError::Invalid(format!("model {name}: a dimension has no value in {symbols:?}"))
+        RtxError::Invalid(format!(
+            "model {name}: a dimension has no value in {symbols:?}"
+        ))
     })?;
     let before = rtx_backends::pool::allocated_bytes();
     steps()?;
@@ -65,9 +67,12 @@ pub(super) fn memory() -> Result<()> {
     report("mlp_64_128_10", Mlp::graph(), &[("B", 256)], || {
         run_steps(Mlp::init(0), |m, c| m.loss_and_grads(c, &x, &y))
     })?;
-    report("mlp_64_1024_1024_10", WideMlp::graph(), &[("B", 256)], || {
-        run_steps(WideMlp::init(0), |m, c| m.loss_and_grads(c, &x, &y))
-    })?;
+    report(
+        "mlp_64_1024_1024_10",
+        WideMlp::graph(),
+        &[("B", 256)],
+        || run_steps(WideMlp::init(0), |m, c| m.loss_and_grads(c, &x, &y)),
+    )?;
     let (x, y) = super::steps::random_batch(1, &[32, 1, 8, 8])?;
     report("cnn", Cnn::graph(), &[("B", 32)], || {
         run_steps(Cnn::init(0), |m, c| m.loss_and_grads(c, &x, &y))
@@ -81,10 +86,7 @@ pub(super) fn memory() -> Result<()> {
     };
     let x = Tensor::from_i64(ids(&mut rng), &[batch, CONTEXT])?;
     let y = Tensor::from_i64(ids(&mut rng), &[batch, CONTEXT])?;
-    report(
-        "gpt",
-        Gpt::graph(),
-        &[("B", batch), ("T", CONTEXT)],
-        || run_steps(Gpt::init(0), |m, c| m.loss_and_grads(c, &x, &y)),
-    )
+    report("gpt", Gpt::graph(), &[("B", batch), ("T", CONTEXT)], || {
+        run_steps(Gpt::init(0), |m, c| m.loss_and_grads(c, &x, &y))
+    })
 }

@@ -13,10 +13,10 @@ mod memory;
 mod steps;
 
 use kernels::{cnn_layers, elementwise_chain, gemm, gemm_bf16, gemm_f16, gemm_shapes};
+use memory::memory;
 use rtx_core::prelude::*;
 use std::fmt;
 use std::time::{Duration, Instant};
-use memory::memory;
 use steps::{cnn_step, gpt_step, mlp_forward, mlp_step_small, mlp_step_wide};
 
 /// How long to run one piece of work.

@@ -88,7 +88,7 @@ impl<'a> Rows<'a> {
 /// transposed with zero columns up to a whole number of key blocks, the weights (and their
 /// gradients) of one group of query rows, and its partial outputs.
 #[derive(Default)]
-pub(super) struct Scratch {
+struct Scratch {
     q: Vec<f32>,
     qs: Vec<f32>,
     k: Vec<f32>,
