@@ -150,7 +150,7 @@ fn operands<'a>(
     Ok([q, k, v])
 }
 
-/// What one slice's work reads.
+/// What one slice's work reads (`s`, the slice, set per task).
 struct Slice<'a, 'b> {
     q: &'a Rows<'b>,
     k: &'a Rows<'b>,
@@ -158,6 +158,20 @@ struct Slice<'a, 'b> {
     s: usize,
     causal: bool,
     scale: f32,
+}
+
+impl<'a, 'b> Slice<'a, 'b> {
+    /// Slice 0 of the operands, with the scale 1/sqrt(D) of q's width; tasks change `s`.
+    fn first(q: &'a Rows<'b>, k: &'a Rows<'b>, v: &'a Rows<'b>, causal: bool) -> Self {
+        Slice {
+            q,
+            k,
+            v,
+            s: 0,
+            causal,
+            scale: 1.0 / (q.cols as f32).sqrt(),
+        }
+    }
 }
 
 /// `softmax(q k^T / sqrt(D)) v` over the last two axes of `[.., Tq, D]`, `[.., Tk, D]` and
@@ -170,7 +184,7 @@ pub fn attention(
     causal: bool,
 ) -> KResult<(Vec<f32>, Dims)> {
     let [q, k, v] = operands("attention", q, k, v, causal)?;
-    let (tq, tk, d, dv) = (q.rows, k.rows, q.cols, v.cols);
+    let (tq, tk, dv) = (q.rows, k.rows, v.cols);
     let mut shape = q.layout.shape.clone();
     *shape.last_mut().unwrap_or(&mut 0) = dv;
     let slices = numel(q.batch_shape());
@@ -179,19 +193,12 @@ pub fn attention(
         out.fill(0.0);
         return Ok((out, shape));
     }
-    let scale = 1.0 / (d as f32).sqrt();
+    let every = Slice::first(&q, &k, &v, causal);
     out.par_chunks_mut(tq * dv)
         .enumerate()
         .for_each(|(s, out)| {
             with_scratch(|w| {
-                let a = Slice {
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    s,
-                    causal,
-                    scale,
-                };
+                let a = Slice { s, ..every };
                 // Inlined into `widest`'s copy for the CPU's vector width (a closure
                 // left as a call of its own was compiled for the baseline).
                 super::simd::widest(
@@ -244,7 +251,7 @@ pub fn attention_grad(
     if part == 0 {
         return Ok((out, shape));
     }
-    let scale = 1.0 / (d as f32).sqrt();
+    let every = Slice::first(&q, &k, &v, causal);
     let (dq, rest) = out.split_at_mut(part);
     let (dk, dv) = rest.split_at_mut(part);
     dq.par_chunks_mut(t * d)
@@ -253,14 +260,7 @@ pub fn attention_grad(
         .enumerate()
         .for_each(|(s, ((dq, dk), dv))| {
             with_scratch(|w| {
-                let a = Slice {
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    s,
-                    causal,
-                    scale,
-                };
+                let a = Slice { s, ..every };
                 super::simd::widest(
                     #[inline(always)]
                     || backward_slice(&a, w, &g, (dq, dk, dv)),
