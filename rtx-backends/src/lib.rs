@@ -8,6 +8,7 @@
 //! [`cpu::KernelError`] for arguments it cannot use, so a misuse of this API is an error, not
 //! an out-of-bounds access or a panic.
 
+pub mod arena;
 pub mod cpu;
 pub mod layout;
 pub mod pool;

@@ -22,8 +22,13 @@ pub fn allocated_bytes() -> u64 {
     ALLOCATED.load(Ordering::Relaxed)
 }
 
-fn fresh(len: usize) -> Vec<f32> {
+/// Adds `len` f32 values allocated outside the cache (an `arena`) to [`allocated_bytes`].
+pub(crate) fn count_allocated(len: usize) {
     ALLOCATED.fetch_add(len as u64 * 4, Ordering::Relaxed);
+}
+
+fn fresh(len: usize) -> Vec<f32> {
+    count_allocated(len);
     vec![0.0; len]
 }
 

@@ -2,7 +2,8 @@
 //! fusion off (`RTX_FUSION=0`) so a model can be checked against its one-op-per-node schedule.
 
 use crate::error::{Result, RtxError};
-use crate::tensor::{Tensor, fmt_dims};
+use crate::tensor::{Buffer, Tensor, fmt_dims};
+use rtx_backends::arena::Region;
 use rtx_backends::cpu;
 use std::sync::OnceLock;
 
@@ -43,6 +44,7 @@ pub fn fusion_enabled() -> bool {
 pub fn fused<const N: usize, const M: usize, F>(
     inputs: [&Tensor; N],
     shape: &[usize],
+    regions: [Option<Region>; M],
     body: F,
 ) -> Result<[Tensor; M]>
 where
@@ -57,8 +59,16 @@ where
         std::array::from_fn(|k| inputs[k].layout().broadcast_to(shape));
     let args: [(&[f32], &rtx_backends::Layout); N] =
         std::array::from_fn(|k| (data[k], &layouts[k]));
-    let outs = cpu::map_fused(args, shape, body)?;
-    Ok(outs.map(|data| Tensor::from_kernel(data, shape)))
+    let n = shape.iter().product();
+    let mut outs = regions.map(|r| Buffer::new(r, n));
+    cpu::map_fused_into(
+        args,
+        shape,
+        outs.each_mut().map(Buffer::as_mut_slice),
+        None,
+        body,
+    )?;
+    Ok(outs.map(|data| Tensor::from_buffer(data, shape)))
 }
 
 /// An input of a generated pointwise kernel: borrowed, or handed over by the compiled code
@@ -77,12 +87,13 @@ pub enum FusedArg<'a> {
 pub fn fused_donating<const N: usize, const M: usize, F>(
     inputs: [FusedArg<'_>; N],
     shape: &[usize],
+    regions: [Option<Region>; M],
     body: F,
 ) -> Result<[Tensor; M]>
 where
     F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
 {
-    let mut donor: Option<(usize, Vec<f32>)> = None;
+    let mut donor: Option<(usize, Buffer)> = None;
     let mut kept: [Option<Tensor>; N] = std::array::from_fn(|_| None);
     let mut borrowed: [Option<&Tensor>; N] = [None; N];
     for (k, arg) in inputs.into_iter().enumerate() {
@@ -111,13 +122,17 @@ where
     }
     let args: [(&[f32], &rtx_backends::Layout); N] =
         std::array::from_fn(|k| (data[k], &layouts[k]));
-    let outs = match donor {
-        Some((donor_index, buffer)) => {
-            cpu::map_fused_in_place(args, shape, donor_index, buffer, body)?
-        }
-        None => cpu::map_fused(args, shape, body)?,
-    };
-    Ok(outs.map(|data| Tensor::from_kernel(data, shape)))
+    let n = shape.iter().product();
+    let in_place = donor.as_ref().map(|&(k, _)| k);
+    let mut donated = donor.map(|(_, buffer)| buffer);
+    let mut regions = regions.into_iter();
+    let mut outs: [Buffer; M] = std::array::from_fn(|_| {
+        let region = regions.next().flatten();
+        donated.take().unwrap_or_else(|| Buffer::new(region, n))
+    });
+    let slices = outs.each_mut().map(Buffer::as_mut_slice);
+    cpu::map_fused_into(args, shape, slices, in_place, body)?;
+    Ok(outs.map(|data| Tensor::from_buffer(data, shape)))
 }
 
 /// Runs a generated row body (a `Step::Rows` group) over the rows of `wide`: input `k` is
@@ -130,6 +145,7 @@ pub fn rows<const N: usize, const M: usize, F>(
     wide: &[usize],
     varies: [bool; N],
     out_wide: [bool; M],
+    regions: [Option<Region>; M],
     body: F,
 ) -> Result<[Tensor; M]>
 where
@@ -144,7 +160,14 @@ where
         std::array::from_fn(|k| inputs[k].layout().broadcast_to(wide));
     let args: [(&[f32], &rtx_backends::Layout); N] =
         std::array::from_fn(|k| (data[k], &layouts[k]));
-    let outs = cpu::map_rows(args, wide, varies, out_wide, body)?;
+    let lens = cpu::row_output_lens(wide, out_wide);
+    let mut m = 0;
+    let mut outs = regions.map(|r| {
+        m += 1;
+        Buffer::new(r, lens[m - 1])
+    });
+    let slices = outs.each_mut().map(Buffer::as_mut_slice);
+    cpu::map_rows_into(args, wide, varies, out_wide, slices, body)?;
     let mut narrow = rtx_backends::layout::Dims::from_slice(wide);
     if let Some(last) = narrow.last_mut() {
         *last = 1;
@@ -153,7 +176,7 @@ where
     Ok(outs.map(|data| {
         let shape: &[usize] = if out_wide[m] { wide } else { &narrow };
         m += 1;
-        Tensor::from_kernel(data, shape)
+        Tensor::from_buffer(data, shape)
     }))
 }
 
@@ -167,6 +190,7 @@ pub fn matmul_fused<const N: usize, const E: usize, const M: usize, F>(
     b: &Tensor,
     extras: [&Tensor; E],
     shape: &[usize],
+    regions: [Option<Region>; M],
     body: F,
 ) -> Result<[Tensor; M]>
 where
@@ -189,7 +213,10 @@ where
         std::array::from_fn(|k| extras[k].layout().broadcast_to(shape));
     let args: [(&[f32], &rtx_backends::Layout); E] =
         std::array::from_fn(|k| (data[k], &layouts[k]));
-    let (outs, product_shape) = cpu::matmul_fused(da, la, db, lb, &args, body)?;
+    let n = shape.iter().product();
+    let mut outs = regions.map(|r| Buffer::new(r, n));
+    let slices = outs.each_mut().map(Buffer::as_mut_slice);
+    let product_shape = cpu::matmul_fused_into(da, la, db, lb, &args, slices, body)?;
     if product_shape[..] != *shape {
         return Err(RtxError::ShapeMismatch {
             context: "matmul epilogue".into(),
@@ -197,7 +224,7 @@ where
             found: fmt_dims(&product_shape),
         });
     }
-    Ok(outs.map(|data| Tensor::from_kernel(data, shape)))
+    Ok(outs.map(|data| Tensor::from_buffer(data, shape)))
 }
 
 /// Runs `a @ b` (matrices) and sums each row of `a` in the same GEMM (a

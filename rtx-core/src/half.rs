@@ -61,8 +61,9 @@ impl Tensor {
     /// tensors of one dtype: f32, or bf16 / f16 multiplied and accumulated in f32 (an f32
     /// product).
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        let f32_pair = self.storage().f32_slice().zip(other.storage().f32_slice());
         let (out, shape) = match (self.storage(), other.storage()) {
-            (Storage::F32(a), Storage::F32(b)) => cpu::matmul(a, self.layout(), b, other.layout())?,
+            _ if let Some((a, b)) = f32_pair => cpu::matmul(a, self.layout(), b, other.layout())?,
             (Storage::BF16(a), Storage::BF16(b)) => {
                 cpu::matmul_bf16(a, self.layout(), b, other.layout())?
             }

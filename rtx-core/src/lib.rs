@@ -24,6 +24,7 @@ pub mod module;
 pub mod ops;
 pub mod optim;
 pub mod parallel;
+pub mod planned;
 pub mod resume;
 pub mod rng;
 pub mod schedule;

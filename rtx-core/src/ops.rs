@@ -215,7 +215,7 @@ pub fn execute(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx) ->
             binary(op, a(0), a(1), k)?
         }
         Op::Select => {
-            let [out] = crate::fused::fused([a(0), a(1), a(2)], out_shape, |[c, x, y]| {
+            let [out] = crate::fused::fused([a(0), a(1), a(2)], out_shape, [None], |[c, x, y]| {
                 [cpu::scalar::select(c, x, y)]
             })?;
             out

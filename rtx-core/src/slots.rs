@@ -19,11 +19,13 @@ use crate::ctx::Ctx;
 use crate::error::{Result, RtxError};
 use crate::fused::{self, FusedArg, Kernel, RowIn};
 use crate::module::Grads;
+use crate::planned::CallPlan;
 use crate::tensor::Tensor;
+use rtx_backends::arena::{Arena, Region};
 use rtx_ir::fusion::Step;
 use rtx_ir::{GraphFn, Node, Op};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// The tables of finished calls, for the next ones (several threads may run graph functions
 /// at once; each takes its own).
@@ -47,14 +49,20 @@ pub struct Slots {
     values: Vec<Option<Tensor>>,
     /// The first step that failed, if one did.
     error: Option<RtxError>,
+    /// Where the call's intermediates lie, and the arena they lie in (`planned.rs`).
+    arena: Option<(Arc<CallPlan>, Arc<Arena>)>,
 }
 
 impl Drop for Slots {
     fn drop(&mut self) {
         let mut values = std::mem::take(&mut self.values);
+        // Dropping the values gives their arena regions back before the arena is kept.
         values.clear();
         if let Ok(mut spare) = SPARE.lock() {
             spare.push(values);
+        }
+        if let Some((plan, arena)) = self.arena.take() {
+            plan.give_back(arena);
         }
     }
 }
@@ -71,7 +79,51 @@ impl Slots {
         Slots {
             values,
             error: None,
+            arena: None,
         }
+    }
+
+    /// [`Slots::new`] for a call of nodes `0..upto` of `f` (results `roots`, symbols as in
+    /// `dims`) whose kernels write their outputs at the offsets of the call's arena plan
+    /// (`planned.rs`); with `fused` false (the unfused schedule) or arenas off, every buffer
+    /// comes from the buffer cache.
+    pub fn planned(
+        len: usize,
+        fused: bool,
+        f: &GraphFn,
+        upto: usize,
+        roots: &[usize],
+        dims: &[(&str, i64)],
+    ) -> Slots {
+        let mut slots = Slots::new(len);
+        if fused && let Some(plan) = crate::planned::plan_for(f, upto, roots, dims) {
+            let arena = plan.arena();
+            slots.arena = Some((plan, arena));
+        }
+        slots
+    }
+
+    /// The arena region planned for node `id`'s value of `len` elements, when the call has
+    /// an arena and the region is free (`Arena::claim`).
+    fn region(&self, id: usize, len: usize) -> Option<Region> {
+        let (plan, arena) = self.arena.as_ref()?;
+        let r = arena.claim(plan.buffer(id)?, len);
+        r
+    }
+
+    fn regions<const M: usize>(&self, ids: [usize; M], lens: [usize; M]) -> [Option<Region>; M] {
+        let mut m = 0;
+        ids.map(|id| {
+            m += 1;
+            self.region(id, lens[m - 1])
+        })
+    }
+
+    /// Whether node `id`'s value is planned to go into the same buffer as `donor`'s.
+    fn shares_buffer(&self, id: usize, donor: usize) -> bool {
+        self.arena.as_ref().is_some_and(|(plan, _)| {
+            plan.buffer(id).is_some() && plan.buffer(id) == plan.buffer(donor)
+        })
     }
 
     /// The error of the first step that failed, if any: the schedule's one check.
@@ -264,7 +316,8 @@ impl Slots {
         G: Fn([f32; N]) -> [f32; M] + Sync + Copy,
     {
         with_body!(body, |body| self.step(|s| {
-            let values = fused::fused(s.refs(inputs)?, shape, body)?;
+            let regions = s.regions(outputs, [shape.iter().product(); M]);
+            let values = fused::fused(s.refs(inputs)?, shape, regions, body)?;
             s.put(outputs, values)
         }))
     }
@@ -283,6 +336,14 @@ impl Slots {
         G: Fn([f32; N]) -> [f32; M] + Sync + Copy,
     {
         with_body!(body, |body| self.step(|s| {
+            // Output 0 is planned over the donor's buffer: claimed only if the donation fails.
+            let n = shape.iter().product();
+            let mut k = 0;
+            let regions = outputs.map(|id| {
+                k += 1;
+                let over_donor = k == 1 && s.shares_buffer(id, donor);
+                (!over_donor).then(|| s.region(id, n)).flatten()
+            });
             let mut donated = Some(s.take(donor)?);
             let mut missing = None;
             let args = inputs.map(|id| match donated.take_if(|_| id == donor) {
@@ -295,7 +356,7 @@ impl Slots {
             if let Some(e) = missing {
                 return Err(e);
             }
-            let values = fused::fused_donating(args, shape, body)?;
+            let values = fused::fused_donating(args, shape, regions, body)?;
             s.put(outputs, values)
         }))
     }
@@ -328,7 +389,9 @@ impl Slots {
         G: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
     {
         with_body!(body, |body| self.step(|s| {
-            let values = fused::rows(s.refs(inputs)?, shape, varies, out_wide, body)?;
+            let lens = rtx_backends::cpu::row_output_lens(shape, out_wide);
+            let regions = s.regions(outputs, lens);
+            let values = fused::rows(s.refs(inputs)?, shape, varies, out_wide, regions, body)?;
             s.put(outputs, values)
         }))
     }
@@ -348,7 +411,8 @@ impl Slots {
     {
         with_body!(body, |body| self.step(|s| {
             let [a, b] = s.refs([a, b])?;
-            let values = fused::matmul_fused(a, b, s.refs(extras)?, shape, body)?;
+            let regions = s.regions(outputs, [shape.iter().product(); M]);
+            let values = fused::matmul_fused(a, b, s.refs(extras)?, shape, regions, body)?;
             s.put(outputs, values)
         }))
     }

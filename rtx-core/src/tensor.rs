@@ -5,9 +5,52 @@
 
 use crate::error::{Result, RtxError};
 use rtx_backends::Layout;
+use rtx_backends::arena::Region;
 use rtx_backends::cpu;
 use std::fmt;
 use std::sync::Arc;
+
+/// A kernel's output buffer: one from the buffer cache, or a planned arena region.
+#[doc(hidden)]
+pub enum Buffer {
+    Owned(Vec<f32>),
+    Arena(Region),
+}
+
+impl Buffer {
+    /// `region` when it holds exactly `len` values, else a cache buffer of `len`.
+    pub fn new(region: Option<Region>, len: usize) -> Buffer {
+        match region {
+            Some(r) if r.len() == len => Buffer::Arena(r),
+            _ => Buffer::Owned(rtx_backends::pool::take(len)),
+        }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        match self {
+            Buffer::Owned(v) => v,
+            Buffer::Arena(r) => r.as_mut_slice(),
+        }
+    }
+
+    fn into_storage(self) -> Storage {
+        match self {
+            Buffer::Owned(v) => Storage::F32(v),
+            Buffer::Arena(r) => Storage::Arena(Some(r)),
+        }
+    }
+}
+
+impl Storage {
+    /// The values of f32 storage, wherever they live.
+    pub(crate) fn f32_slice(&self) -> Option<&[f32]> {
+        match self {
+            Storage::F32(v) => Some(v),
+            Storage::Arena(r) => Some(r.as_ref().map_or(&[][..], Region::as_slice)),
+            _ => None,
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
@@ -33,6 +76,11 @@ impl fmt::Display for DType {
 #[derive(Debug)]
 pub enum Storage {
     F32(Vec<f32>),
+    /// f32 values in a compiled call's planned arena (`rtx_backends::arena`); the region goes
+    /// back to its arena when the last tensor reading it drops. (An `Option` only so a kernel
+    /// can take the region out to write over it: `Storage` has a `Drop`, so nothing moves out
+    /// of it; never `None` in a live tensor.)
+    Arena(Option<Region>),
     I64(Vec<i64>),
     BF16(Vec<half::bf16>),
     F16(Vec<half::f16>),
@@ -150,6 +198,12 @@ impl Tensor {
         Tensor::from_parts(Storage::F32(data), Layout::contiguous(shape))
     }
 
+    /// A fresh contiguous f32 tensor over a kernel's output buffer; the caller guarantees
+    /// its length fits `shape`.
+    pub(crate) fn from_buffer(buffer: Buffer, shape: &[usize]) -> Tensor {
+        Tensor::from_parts(buffer.into_storage(), Layout::contiguous(shape))
+    }
+
     /// A fresh contiguous f32 tensor; the caller guarantees `data.len()` fits `shape`.
     pub(crate) fn from_kernel(data: Vec<f32>, shape: &[usize]) -> Tensor {
         Tensor::from_parts(Storage::F32(data), Layout::contiguous(shape))
@@ -191,7 +245,7 @@ impl Tensor {
 
     pub fn dtype(&self) -> DType {
         match *self.storage {
-            Storage::F32(_) => DType::F32,
+            Storage::F32(_) | Storage::Arena(_) => DType::F32,
             Storage::I64(_) => DType::I64,
             Storage::BF16(_) => DType::BF16,
             Storage::F16(_) => DType::F16,
@@ -208,6 +262,7 @@ impl Tensor {
         let (offset, n) = (self.layout.offset, self.layout.numel());
         match Arc::get_mut(&mut self.storage)? {
             Storage::F32(v) => v.get_mut(offset..offset + n),
+            Storage::Arena(Some(r)) => r.as_mut_slice().get_mut(offset..offset + n),
             _ => None,
         }
     }
@@ -223,9 +278,9 @@ impl Tensor {
     }
 
     pub fn f32_parts(&self, context: &str) -> Result<(&[f32], &Layout)> {
-        match &*self.storage {
-            Storage::F32(v) => Ok((v, &self.layout)),
-            _ => Err(RtxError::DTypeMismatch {
+        match self.storage.f32_slice() {
+            Some(v) => Ok((v, &self.layout)),
+            None => Err(RtxError::DTypeMismatch {
                 context: context.to_string(),
                 expected: "f32".into(),
                 found: self.dtype().to_string(),
@@ -309,13 +364,19 @@ impl Tensor {
     #[doc(hidden)]
     // The tensor itself comes back on refusal; boxing it would allocate on every step.
     #[allow(clippy::result_large_err)]
-    pub fn take_unique_f32(mut self) -> std::result::Result<Vec<f32>, Tensor> {
+    pub fn take_unique_f32(mut self) -> std::result::Result<Buffer, Tensor> {
         if !self.layout.is_contiguous() || self.layout.offset != 0 {
             return Err(self);
         }
         let numel = self.layout.numel();
         match Arc::get_mut(&mut self.storage) {
-            Some(Storage::F32(v)) if v.len() == numel => Ok(std::mem::take(v)),
+            Some(Storage::F32(v)) if v.len() == numel => Ok(Buffer::Owned(std::mem::take(v))),
+            Some(Storage::Arena(r)) if r.as_ref().map(Region::len) == Some(numel) => {
+                match r.take() {
+                    Some(r) => Ok(Buffer::Arena(r)),
+                    None => Err(self),
+                }
+            }
             _ => Err(self),
         }
     }
@@ -326,8 +387,9 @@ impl Tensor {
             return Ok(self.clone());
         }
         Ok(match &*self.storage {
-            Storage::F32(d) => {
-                Tensor::from_kernel(cpu::to_contiguous(d, &self.layout)?, self.shape())
+            Storage::F32(_) | Storage::Arena(_) => {
+                let (d, l) = self.f32_parts("Tensor::contiguous")?;
+                Tensor::from_kernel(cpu::to_contiguous(d, l)?, self.shape())
             }
             Storage::I64(v) => Tensor::from_parts(
                 Storage::I64(self.layout.indices().map(|i| v[i]).collect()),

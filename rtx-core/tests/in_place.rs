@@ -17,6 +17,7 @@ fn an_unshared_donor_receives_the_output() {
     let [out] = fused_donating(
         [FusedArg::Donated(a), FusedArg::Borrowed(&b)],
         &[3, 4],
+        [None],
         |[x, y]| [x * 2.0 + y],
     )
     .unwrap();
@@ -33,7 +34,7 @@ fn a_shared_donor_is_read_not_overwritten() {
     let a = Tensor::from_vec(vec![1.0, 2.0, 3.0, 4.0], &[4]).unwrap();
     let keep = a.clone();
 
-    let [out] = fused_donating([FusedArg::Donated(a)], &[4], |[x]| [-x]).unwrap();
+    let [out] = fused_donating([FusedArg::Donated(a)], &[4], [None], |[x]| [-x]).unwrap();
 
     assert_eq!(keep.to_vec_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
     assert_eq!(out.to_vec_f32().unwrap(), vec![-1.0, -2.0, -3.0, -4.0]);
@@ -49,6 +50,7 @@ fn a_broadcast_donor_is_read_through_its_layout() {
     let [out] = fused_donating(
         [FusedArg::Donated(a), FusedArg::Borrowed(&b)],
         &[3, 4],
+        [None],
         |[x, y]| [x + y],
     )
     .unwrap();
@@ -72,6 +74,7 @@ fn a_large_donor_is_overwritten_piece_by_piece_in_parallel() {
     let [out] = fused_donating(
         [FusedArg::Donated(a), FusedArg::Borrowed(&b)],
         &[300, 400],
+        [None],
         |[x, y]| [x - y],
     )
     .unwrap();

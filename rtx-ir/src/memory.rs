@@ -146,13 +146,57 @@ pub fn buffer_lives(
     roots: &[NodeId],
     env: &HashMap<String, i64>,
 ) -> Option<Vec<BufferLife>> {
+    let passes = vec![false; steps.len()];
+    Some(lives_and_owners(f, steps, roots, env, &passes)?.0)
+}
+
+/// [`buffer_lives`], with the steps where `passes` is true passing their one input on as
+/// their one output (a rounding-only group at f32: the same tensor, no buffer of its own),
+/// and the buffer each owning value lives in.
+fn lives_and_owners(
+    f: &GraphFn,
+    steps: &[Step],
+    roots: &[NodeId],
+    env: &HashMap<String, i64>,
+    passes: &[bool],
+) -> Option<(Vec<BufferLife>, HashMap<NodeId, usize>)> {
     let bytes_of = |v: NodeId| value_bytes(f, v, env);
+    let mut passed_on: HashMap<NodeId, NodeId> = HashMap::new();
+    // Kernels that may return their argument's buffer: a reshape of a contiguous value, a
+    // stop-gradient, a rounding at f32 (`ops::execute` clones the tensor).
+    for step in steps {
+        if let Step::Kernel(id) = *step
+            && matches!(
+                f.graph.node(id).op,
+                Op::Reshape { .. } | Op::StopGradient | Op::Autocast | Op::AutocastGrad
+            )
+            && let Some(&src) = f.graph.node(id).args.first()
+        {
+            passed_on.insert(id, src);
+        }
+    }
+    for (step, _) in steps.iter().zip(passes).filter(|(_, p)| **p) {
+        if let Step::Fused {
+            inputs, outputs, ..
+        } = step
+            && let ([input], [output]) = (&inputs[..], &outputs[..])
+        {
+            passed_on.insert(*output, *input);
+        }
+    }
+    let shares_buffer = |v: NodeId| is_view(&f.graph.node(v).op) || passed_on.contains_key(&v);
     // A view keeps its source's buffer: count the buffer as alive until its views die.
     let owner = |mut v: NodeId| {
-        while is_view(&f.graph.node(v).op) {
-            match f.graph.node(v).args.first() {
-                Some(&src) => v = src,
-                None => break,
+        loop {
+            if let Some(&src) = passed_on.get(&v) {
+                v = src;
+            } else if is_view(&f.graph.node(v).op) {
+                match f.graph.node(v).args.first() {
+                    Some(&src) => v = src,
+                    None => break,
+                }
+            } else {
+                break;
             }
         }
         v
@@ -176,7 +220,7 @@ pub fn buffer_lives(
     for (i, step) in steps.iter().enumerate() {
         let donated = donors[i].filter(|d| last_alias.get(d) == Some(&i));
         for (k, v) in step_outputs(step).into_iter().enumerate() {
-            if is_view(&f.graph.node(v).op) {
+            if shares_buffer(v) {
                 continue;
             }
             let last = last_alias.get(&v).copied().unwrap_or(i).max(i);
@@ -195,7 +239,86 @@ pub fn buffer_lives(
             });
         }
     }
-    Some(lives)
+    for &r in roots {
+        let o = owner(r);
+        if let Some(&b) = buffer_of.get(&o) {
+            buffer_of.insert(r, b);
+        }
+    }
+    Some((lives, buffer_of))
+}
+
+/// No arena buffer: the value comes from the buffer cache (or is a view, a leaf, a root).
+pub const NO_BUFFER: u32 = u32::MAX;
+
+/// Where a compiled call puts its intermediates in one arena: for each node, the buffer its
+/// value is written to (`NO_BUFFER` for none), and each buffer's offset and length, in f32
+/// elements (offsets 64-byte aligned).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ArenaPlan {
+    pub buffer_of: Vec<u32>,
+    pub offsets: Vec<usize>,
+    pub lens: Vec<usize>,
+}
+
+/// The arena plan for running `steps` of `f` with the symbols bound to `env`, where `passes`
+/// marks the steps that pass their input on (see `lives_and_owners`). Placed are the f32
+/// outputs of the steps whose kernels write into given buffers (pointwise and row groups,
+/// matmul epilogues), except the buffers that hold a root: results outlive the call, so they
+/// come from the buffer cache and the arena is free for the next call. `None` when a
+/// dimension cannot be evaluated with `env` or a size overflows.
+pub fn arena_plan(
+    f: &GraphFn,
+    steps: &[Step],
+    roots: &[NodeId],
+    env: &HashMap<String, i64>,
+    passes: &[bool],
+) -> Option<ArenaPlan> {
+    let (lives, buffer_of) = lives_and_owners(f, steps, roots, env, passes)?;
+    let mut placeable = vec![false; lives.len()];
+    for (i, step) in steps.iter().enumerate() {
+        let writes_into = match step {
+            Step::Fused { .. } => !passes.get(i).copied().unwrap_or(false),
+            Step::Rows { .. } | Step::MatMulEpilogue { .. } => true,
+            Step::Kernel(_) | Step::MatMulRowSums { .. } => false,
+        };
+        for v in step_outputs(step) {
+            if let Some(&b) = buffer_of.get(&v)
+                && writes_into
+                && lives[b].first == i
+                && f.graph.node(v).dtype != DType::I64
+            {
+                placeable[b] = true;
+            }
+        }
+    }
+    for r in roots {
+        if let Some(&b) = buffer_of.get(r) {
+            placeable[b] = false;
+        }
+    }
+    let chosen: Vec<usize> = (0..lives.len()).filter(|&b| placeable[b]).collect();
+    let chosen_lives: Vec<BufferLife> = chosen.iter().map(|&b| lives[b]).collect();
+    let (offsets, _) = arena_offsets(&chosen_lives, 64);
+    let mut index_of = vec![NO_BUFFER; lives.len()];
+    for (k, &b) in chosen.iter().enumerate() {
+        index_of[b] = u32::try_from(k).ok()?;
+    }
+    let mut plan = ArenaPlan {
+        buffer_of: vec![NO_BUFFER; f.graph.len()],
+        offsets: Vec::with_capacity(chosen.len()),
+        lens: Vec::with_capacity(chosen.len()),
+    };
+    for (life, offset) in chosen_lives.iter().zip(offsets) {
+        plan.offsets.push(usize::try_from(offset / 4).ok()?);
+        plan.lens.push(usize::try_from(life.bytes / 4).ok()?);
+    }
+    for (&v, &b) in &buffer_of {
+        if let Some(slot) = plan.buffer_of.get_mut(v) {
+            *slot = index_of[b];
+        }
+    }
+    Some(plan)
 }
 
 /// The bytes of node `v`'s value, `None` when a dimension cannot be evaluated with `env`.
@@ -435,6 +558,23 @@ mod tests {
         let donors = donors(&f, &steps, &deaths(&f, &steps, &[f.output]));
 
         assert!(donors.iter().all(Option::is_none), "{donors:?}");
+    }
+
+    #[test]
+    fn the_arena_plan_places_fused_intermediates_and_never_a_result() {
+        let f = chain();
+        let steps = crate::fusion::plan(&f.graph, f.graph.len(), &[f.output]);
+        let env: HashMap<String, i64> = [("B".to_string(), 10)].into();
+        let passes = vec![false; steps.len()];
+
+        let plan = arena_plan(&f, &steps, &[f.output], &env, &passes).unwrap();
+
+        assert_eq!(plan.buffer_of[f.output], NO_BUFFER);
+        let placed = plan.buffer_of.iter().filter(|&&b| b != NO_BUFFER).count();
+        assert!(placed >= 2, "{plan:?}");
+        assert!(plan.lens.iter().all(|&l| l == 40), "{plan:?}");
+        // exp(x) is read by the step that writes log(exp(x) @ w): both alive there.
+        assert_ne!(plan.offsets[0], plan.offsets[1], "{plan:?}");
     }
 
     #[test]

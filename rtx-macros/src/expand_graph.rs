@@ -485,6 +485,8 @@ fn emit_fn(
     let slots = ir.graph.len();
     let largest = schedule::largest_value_expr(ir);
     let forward_roots = [ir.output];
+    let forward_len = ir.forward_len;
+    let fwd_dims = schedule::dims_expr(ir, ir.forward_len);
     let fwd_fused =
         schedule::schedule(kernels, ir, ir.forward_len, &forward_roots, params, f, true);
     let fwd_plain = schedule::schedule(
@@ -524,7 +526,9 @@ fn emit_fn(
                 let __f = &Self::__rtx_ir()?.functions[#fi];
                 let __ops = &__f.graph.nodes;
                 let __cast = __ctx.rounding();
-                let mut __s = ::rtx_core::slots::Slots::new(#slots);
+                let mut __s = ::rtx_core::slots::Slots::planned(
+                    #slots, __ctx.fusion(), __f, #forward_len, &[#out], #fwd_dims,
+                );
                 if __ctx.fusion() {
                     #fwd_fused
                 } else {
@@ -541,6 +545,7 @@ fn emit_fn(
         roots.extend(ir.grads.iter().filter_map(|g| g.grad));
         let all_fused = schedule::schedule(kernels, ir, ir.graph.len(), &roots, params, f, true);
         let all_plain = schedule::schedule(kernels, ir, ir.graph.len(), &roots, params, f, false);
+        let all_dims = schedule::dims_expr(ir, ir.graph.len());
         let pushes: Vec<TokenStream> = ir
             .grads
             .iter()
@@ -573,7 +578,9 @@ fn emit_fn(
                     let __f = &Self::__rtx_ir()?.functions[#fi];
                 let __ops = &__f.graph.nodes;
                     let __cast = __ctx.rounding();
-                    let mut __s = ::rtx_core::slots::Slots::new(#slots);
+                    let mut __s = ::rtx_core::slots::Slots::planned(
+                        #slots, __ctx.fusion(), __f, #slots, &[#(#roots),*], #all_dims,
+                    );
                     if __ctx.fusion() {
                         #all_fused
                     } else {

@@ -19,7 +19,7 @@ use crate::internals::ast::GraphFnDef;
 use crate::internals::lower::ParamRef;
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
-use rtx_ir::fusion::{Instr, Operand, Pointwise, Step, plan};
+use rtx_ir::fusion::{Instr, Operand, Pointwise, Step, plan, rounding_only};
 use rtx_ir::{Atom, Dim, GraphFn, NodeId, Op};
 
 /// `Dim` as a run-time `usize` expression over bound symbols (`__d_B`) and const generics.
@@ -235,17 +235,6 @@ fn pointwise_closure(
     })
 }
 
-/// A group that only rounds one value (`Autocast` of a weight or of a value with other
-/// readers, `AutocastGrad` of a gradient): at f32 its output is its input, and the step
-/// passes the tensor on instead of copying it.
-fn rounding_only(body: &[Instr], inputs: &[NodeId], outputs: &[NodeId]) -> bool {
-    inputs.len() == 1
-        && outputs.len() == 1
-        && body
-            .iter()
-            .all(|i| matches!(i.op, Pointwise::Autocast | Pointwise::AutocastGrad))
-}
-
 /// `step`, except that a group that only rounds passes its input on at f32 (moved when it
 /// dies here).
 fn unless_f32(
@@ -350,6 +339,14 @@ fn unfused(
             out.extend(leaf(ir, id, params, f));
         }
     }
+    let dims = dims_expr(ir, upto);
+    out.extend(quote!(__s.unfused(__f, #upto, &[#(#roots),*], #dims, __ctx);));
+    out
+}
+
+/// `&[(name, value), ..]` for every symbol and generic parameter the shapes of nodes
+/// `0..upto` mention, evaluated in the generated function.
+pub fn dims_expr(ir: &GraphFn, upto: usize) -> TokenStream {
     let mut names = std::collections::BTreeSet::new();
     for node in ir.graph.nodes.iter().take(upto) {
         for d in &node.shape {
@@ -360,16 +357,18 @@ fn unfused(
             }
         }
     }
-    let dims = names.iter().map(|(sym, n)| {
-        let value = if *sym {
-            atom_expr(&Atom::Sym(n.clone()))
-        } else {
-            atom_expr(&Atom::Param(n.clone()))
-        };
-        quote!((#n, #value))
-    });
-    out.extend(quote!(__s.unfused(__f, #upto, &[#(#roots),*], &[#(#dims),*], __ctx);));
-    out
+    let dims: Vec<TokenStream> = names
+        .iter()
+        .map(|(sym, n)| {
+            let value = if *sym {
+                atom_expr(&Atom::Sym(n.clone()))
+            } else {
+                atom_expr(&Atom::Param(n.clone()))
+            };
+            quote!((#n, #value))
+        })
+        .collect();
+    quote!(&[#(#dims),*])
 }
 
 /// The statements computing nodes `0..upto` of `ir`, where `roots` must be materialized:

@@ -41,9 +41,14 @@ fn report(
             "model {name}: a dimension has no value in {symbols:?}"
         ))
     })?;
+    let dims: Vec<(&str, i64)> = symbols.iter().map(|&(n, v)| (n, v as i64)).collect();
+    let planned =
+        rtx_core::planned::arena_bytes(loss, loss.graph.len(), &loss.roots(), &dims).unwrap_or(0);
     let before = rtx_backends::pool::allocated_bytes();
+    let fallbacks = rtx_backends::arena::fallbacks();
     steps()?;
     let allocated = rtx_backends::pool::allocated_bytes() - before;
+    let fallbacks = rtx_backends::arena::fallbacks() - fallbacks;
     let mib = |b: u128| format!("{:.2}", b as f64 / MIB);
     println!(
         "{}",
@@ -53,15 +58,21 @@ fn report(
             .field("arena_mib", mib(plan.arena_bytes))
             .field("cache_mib", mib(plan.cache_bytes))
             .field("all_values_mib", mib(plan.total_bytes))
-            .field("pool_allocated_mib", mib(u128::from(allocated)))
+            .field("call_arena_mib", mib(planned))
+            .field("allocated_mib", mib(u128::from(allocated)))
+            .field("arena_fallbacks", fallbacks)
     );
     Ok(())
 }
 
 /// `bench=memory` lines: for each model's training step, the peak of live intermediates,
 /// what one arena with fixed offsets would need, what an exact-size buffer cache holds, the
-/// sum of all intermediates, and what the pool allocated over three steps (buffers of the
-/// same size as an earlier model's are reused, so later models can read low).
+/// sum of all intermediates, the arena the runtime lays out for the call (the intermediates
+/// its fused kernels write, not the results, which come from the buffer cache), what the
+/// arena and the buffer cache allocated over three steps (buffers of the same size as an
+/// earlier model's are reused, so later models can read low), and how often a planned
+/// buffer was still occupied (`rtx_backends::arena::fallbacks`, zero when the run follows
+/// the plan).
 pub(super) fn memory() -> Result<()> {
     let (x, y) = super::steps::random_batch(1, &[256, 64])?;
     report("mlp_64_128_10", Mlp::graph(), &[("B", 256)], || {

@@ -33,14 +33,16 @@ pub fn map_fused<const N: usize, const M: usize, F>(
 where
     F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
 {
-    const K: &str = "map_fused";
-    for (k, (data, l)) in inputs.iter().enumerate() {
-        check::view(K, check::input_name(k), data.len(), l)?;
-        check::same_shape(K, check::input_name(k), l, shape)?;
-    }
-    let n = check::elements(K, shape)?;
-    let outs: [Vec<f32>; M] = std::array::from_fn(|_| crate::pool::take(n));
-    Ok(drive(inputs, shape, outs, None, &body))
+    let n = check::elements("map_fused", shape)?;
+    let mut outs: [Vec<f32>; M] = std::array::from_fn(|_| crate::pool::take(n));
+    map_fused_into(
+        inputs,
+        shape,
+        outs.each_mut().map(|o| &mut o[..]),
+        None,
+        body,
+    )?;
+    Ok(outs)
 }
 
 /// [`map_fused`] writing its first output over `donor`, the contiguous buffer of input
@@ -57,37 +59,60 @@ pub fn map_fused_in_place<const N: usize, const M: usize, F>(
 where
     F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
 {
-    const K: &str = "map_fused_in_place";
-    check::shapes(K, donor_index < N && M > 0, || {
-        format!("input {donor_index} of {N} cannot give its buffer to output 0 of {M}")
-    })?;
+    let n = check::elements("map_fused_in_place", shape)?;
+    let mut donor = Some(donor);
+    let mut outs: [Vec<f32>; M] = std::array::from_fn(|m| match (m, donor.take()) {
+        (0, Some(d)) => d,
+        _ => crate::pool::take(n),
+    });
+    let slices = outs.each_mut().map(|o| &mut o[..]);
+    map_fused_into(inputs, shape, slices, Some(donor_index), body)?;
+    Ok(outs)
+}
+
+/// [`map_fused`] writing into `outs`, `M` buffers of `shape`'s element count the caller
+/// provides (planned arena regions, recycled buffers). With `in_place = Some(k)`, `outs[0]`
+/// holds input `k`'s values in row-major order on entry and each is read just before the
+/// result overwrites it; `inputs[k]` is then not read (pass an empty slice with any layout of
+/// `shape`).
+pub fn map_fused_into<const N: usize, const M: usize, F>(
+    inputs: [(&[f32], &Layout); N],
+    shape: &[usize],
+    outs: [&mut [f32]; M],
+    in_place: Option<usize>,
+    body: F,
+) -> KResult<()>
+where
+    F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
+{
+    const K: &str = "map_fused";
+    if let Some(donor_index) = in_place {
+        check::shapes(K, donor_index < N && M > 0, || {
+            format!("input {donor_index} of {N} cannot give its buffer to output 0 of {M}")
+        })?;
+    }
     for (k, (data, l)) in inputs.iter().enumerate() {
-        if k != donor_index {
+        if Some(k) != in_place {
             check::view(K, check::input_name(k), data.len(), l)?;
             check::same_shape(K, check::input_name(k), l, shape)?;
         }
     }
     let n = check::elements(K, shape)?;
-    check::shapes(K, donor.len() == n, || {
-        format!(
-            "the donated buffer holds {} values, the output {n}",
-            donor.len()
-        )
-    })?;
-    let mut donor = Some(donor);
-    let outs: [Vec<f32>; M] = std::array::from_fn(|m| match (m, donor.take()) {
-        (0, Some(d)) => d,
-        _ => crate::pool::take(n),
-    });
+    for (m, out) in outs.iter().enumerate() {
+        check::shapes(K, out.len() == n, || {
+            format!("output {m} holds {} values, the shape {n}", out.len())
+        })?;
+    }
     let contiguous = Layout::contiguous(shape);
     let inputs: [(&[f32], &Layout); N] = std::array::from_fn(|k| {
-        if k == donor_index {
+        if Some(k) == in_place {
             (&[][..], &contiguous)
         } else {
             inputs[k]
         }
     });
-    Ok(drive(inputs, shape, outs, Some(donor_index), &body))
+    drive(inputs, shape, outs, in_place, &body);
+    Ok(())
 }
 
 /// The loop behind both entry points. With `in_place = Some(k)`, input `k` is read from
@@ -95,14 +120,13 @@ where
 fn drive<const N: usize, const M: usize, F>(
     inputs: [(&[f32], &Layout); N],
     shape: &[usize],
-    mut outs: [Vec<f32>; M],
+    mut outs: [&mut [f32]; M],
     in_place: Option<usize>,
     body: &F,
-) -> [Vec<f32>; M]
-where
+) where
     F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
 {
-    let n = outs.first().map_or(0, Vec::len);
+    let n = outs.first().map_or(0, |o| o.len());
     let ptrs: [OutPtr; M] = std::array::from_fn(|m| OutPtr(outs[m].as_mut_ptr()));
     let walk: Walk<N> = Walk::new(shape, std::array::from_fn(|k| inputs[k].1));
     let data: [&[f32]; N] = std::array::from_fn(|k| inputs[k].0);
@@ -207,7 +231,6 @@ where
             }
         });
     }
-    outs
 }
 
 /// Output size from which stores bypass the caches: beyond the last-level cache of the

@@ -64,6 +64,40 @@ pub fn map_rows<const N: usize, const M: usize, F>(
 where
     F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
 {
+    check::elements("map_rows", wide)?;
+    let lens = row_output_lens(wide, out_wide);
+    let mut outs: [Vec<f32>; M] = std::array::from_fn(|m| crate::pool::take(lens[m]));
+    map_rows_into(
+        inputs,
+        wide,
+        varies,
+        out_wide,
+        outs.each_mut().map(|o| &mut o[..]),
+        body,
+    )?;
+    Ok(outs)
+}
+
+/// The element count of each output of [`map_rows`] over `wide`: a row's length per row for
+/// a wide output, one value per row otherwise.
+pub fn row_output_lens<const M: usize>(wide: &[usize], out_wide: [bool; M]) -> [usize; M] {
+    let cols = wide.last().copied().unwrap_or(1);
+    let rows = numel(&wide[..wide.len().saturating_sub(1)]);
+    std::array::from_fn(|m| if out_wide[m] { rows * cols } else { rows })
+}
+
+/// [`map_rows`] writing into `outs`, buffers of [`row_output_lens`] the caller provides.
+pub fn map_rows_into<const N: usize, const M: usize, F>(
+    inputs: [(&[f32], &Layout); N],
+    wide: &[usize],
+    varies: [bool; N],
+    out_wide: [bool; M],
+    mut outs: [&mut [f32]; M],
+    body: F,
+) -> KResult<()>
+where
+    F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
+{
     const K: &str = "map_rows";
     for (k, (data, l)) in inputs.iter().enumerate() {
         check::view(K, check::input_name(k), data.len(), l)?;
@@ -75,7 +109,15 @@ where
     let leading = &wide[..rank.saturating_sub(1)];
     let rows = numel(leading);
     let width = |m: usize| if out_wide[m] { cols } else { 1 };
-    let mut outs: [Vec<f32>; M] = std::array::from_fn(|m| crate::pool::take(rows * width(m)));
+    for (m, out) in outs.iter().enumerate() {
+        check::shapes(K, out.len() == rows * width(m), || {
+            format!(
+                "output {m} holds {} values, the rows {}",
+                out.len(),
+                rows * width(m)
+            )
+        })?;
+    }
     let ptrs: [OutPtr; M] = std::array::from_fn(|m| OutPtr(outs[m].as_mut_ptr()));
     // Where each input's leading axes collapse into one stride (a 2-D input, a contiguous or
     // broadcast batch), row `r` starts at `offset + r * stride`: no division per row and
@@ -168,7 +210,7 @@ where
             run_rows(t * per_task..rows.min((t + 1) * per_task))
         });
     }
-    Ok(outs)
+    Ok(())
 }
 
 /// `f` itself: a closure bound with `let` cannot carry `#[inline(always)]`, one passed as an

@@ -163,6 +163,32 @@ pub struct Instr {
     pub args: Vec<Operand>,
 }
 
+/// A group that only rounds one value to the call's precision (`Autocast` of a weight or of
+/// a value with other readers, `AutocastGrad` of a gradient): at f32 its output is its input,
+/// and the compiled code passes the tensor on instead of copying it.
+pub fn rounding_only(body: &[Instr], inputs: &[NodeId], outputs: &[NodeId]) -> bool {
+    inputs.len() == 1
+        && outputs.len() == 1
+        && body
+            .iter()
+            .all(|i| matches!(i.op, Pointwise::Autocast | Pointwise::AutocastGrad))
+}
+
+impl Step {
+    /// Whether this is a [`rounding_only`] pointwise group.
+    pub fn only_rounds(&self) -> bool {
+        match self {
+            Step::Fused {
+                inputs,
+                body,
+                outputs,
+                ..
+            } => rounding_only(body, inputs, outputs),
+            _ => false,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
     /// One node run by its own kernel.

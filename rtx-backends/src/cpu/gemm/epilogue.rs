@@ -1,7 +1,7 @@
 //! `matmul_fused`: the GEMM with a compiler-generated pointwise body run on each finished
 //! block of C while it is in cache (`Step::MatMulEpilogue` of the fusion planner).
 
-use super::{CBlock, OutPtr, Product, gemm, gemm_kernel};
+use super::{CBlock, OutPtr, Product, gemm_kernel};
 use crate::cpu::check::{self, KResult};
 use crate::cpu::fused::{gather, pointer_loop};
 use crate::cpu::strided::{numel, position};
@@ -21,6 +21,35 @@ pub fn matmul_fused<const N: usize, const M: usize, F>(
     extras: &[(&[f32], &Layout)],
     body: F,
 ) -> KResult<([Vec<f32>; M], Dims)>
+where
+    F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
+{
+    let shape = Product::check("matmul_fused", a.len(), la, b.len(), lb)?.out_shape;
+    let total = numel(&shape);
+    let mut outs: [Vec<f32>; M] = std::array::from_fn(|_| crate::pool::take(total));
+    matmul_fused_into(
+        a,
+        la,
+        b,
+        lb,
+        extras,
+        outs.each_mut().map(|o| &mut o[..]),
+        body,
+    )?;
+    Ok((outs, shape))
+}
+
+/// [`matmul_fused`] writing into `outs`, `M` buffers of the product's element count the
+/// caller provides; returns the product's shape.
+pub fn matmul_fused_into<const N: usize, const M: usize, F>(
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+    extras: &[(&[f32], &Layout)],
+    outs: [&mut [f32]; M],
+    body: F,
+) -> KResult<Dims>
 where
     F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
 {
@@ -44,13 +73,12 @@ where
     } = product;
     let batch_rank = batch_shape.len();
     let total = numel(batch_shape) * m * n;
-    let mut outs: [Vec<f32>; M] = std::array::from_fn(|o| {
-        if o == 0 {
-            Vec::new()
-        } else {
-            crate::pool::take(total)
-        }
-    });
+    for (o, out) in outs.iter().enumerate() {
+        check::shapes(K, out.len() == total, || {
+            format!("output {o} holds {} values, the product {total}", out.len())
+        })?;
+    }
+    let mut outs = outs;
     let out_ptrs: [OutPtr; M] = std::array::from_fn(|o| OutPtr(outs[o].as_mut_ptr()));
     let epilogue = |block: CBlock| {
         // Where each extra operand's part of the block starts, and how it steps.
@@ -122,8 +150,12 @@ where
             },
         );
     };
-    outs[0] = gemm(gemm_kernel(), a, la, b, lb, &product, Some(&epilogue));
-    Ok((outs, product.out_shape))
+    let kernel = gemm_kernel();
+    // Output 0 is C itself (`M >= 1` was checked above).
+    if let Some(c) = outs.first_mut() {
+        super::gemm_summing(kernel, a, la, b, lb, &product, Some(&epilogue), None, c);
+    }
+    Ok(product.out_shape)
 }
 
 /// Values per piece of a matmul epilogue row (1 KiB of stack per operand).

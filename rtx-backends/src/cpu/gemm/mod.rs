@@ -33,7 +33,7 @@ mod transpose;
 // The bf16 kernels (x86 only) reach these through `super::super`.
 #[cfg(target_arch = "x86_64")]
 pub(crate) use blocking::{Blocking, blocking};
-pub use epilogue::matmul_fused;
+pub use epilogue::{matmul_fused, matmul_fused_into};
 pub(crate) use implicit::{PackB, matmul_implicit_b};
 use packed::{PackedProduct, packed};
 pub(crate) use packed::{TileShape, tile};
@@ -354,7 +354,19 @@ pub fn matmul_row_sums(
         )
     })?;
     let mut sums = crate::pool::take(product.m);
-    let out = gemm_summing(gemm_kernel(), a, la, b, lb, &product, None, Some(&mut sums));
+    let mut out = crate::pool::take(numel(&product.out_shape));
+    let sums_out = Some(&mut sums[..]);
+    gemm_summing(
+        gemm_kernel(),
+        a,
+        la,
+        b,
+        lb,
+        &product,
+        None,
+        sums_out,
+        &mut out,
+    );
     Ok((out, sums, product.out_shape))
 }
 
@@ -416,7 +428,9 @@ fn gemm(
     product: &Product,
     epilogue: Option<Epilogue<'_>>,
 ) -> Vec<f32> {
-    gemm_summing(kernel, a, la, b, lb, product, epilogue, None)
+    let mut out = crate::pool::take(numel(&product.out_shape));
+    gemm_summing(kernel, a, la, b, lb, product, epilogue, None, &mut out);
+    out
 }
 
 /// `gemm`, also writing each row's sum of A (over K, in K order, in f64, then rounded) to
@@ -432,7 +446,8 @@ fn gemm_summing(
     product: &Product,
     epilogue: Option<Epilogue<'_>>,
     row_sums: Option<&mut [f32]>,
-) -> Vec<f32> {
+    out: &mut [f32],
+) {
     let kernel = if supported(kernel) {
         kernel
     } else {
@@ -486,20 +501,19 @@ fn gemm_summing(
         }
     };
     if numel(out_shape) == 0 || k == 0 {
-        let mut out = crate::pool::take_zeroed(numel(out_shape));
-        finish_rows(&mut out);
+        out.fill(0.0);
+        finish_rows(out);
         sum_rows_apart(row_sums);
-        return out;
+        return;
     }
     // Every element is written: by the first K slice of its tile, or by the direct path.
-    let mut out = crate::pool::take(numel(out_shape));
     if m <= DIRECT_ROWS {
         for (batch, c) in out.chunks_mut(m * n).enumerate() {
             direct::multiply_direct(a_view(batch), b_view(batch), m, k, c);
         }
-        finish_rows(&mut out);
+        finish_rows(out);
         sum_rows_apart(row_sums);
-        return out;
+        return;
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -507,18 +521,18 @@ fn gemm_summing(
         for (batch, c) in out.chunks_mut(m * n).enumerate() {
             direct::multiply_narrow(a_view(batch), b_view(batch), m, k, c);
         }
-        finish_rows(&mut out);
+        finish_rows(out);
         sum_rows_apart(row_sums);
-        return out;
+        return;
     }
 
     if n <= DOT_COLS && la.strides[rank_a - 1] == 1 && lb.strides[rank_b - 2] == 1 {
         for (batch, c) in out.chunks_mut(m * n).enumerate() {
             direct::multiply_dots(kernel, a_view(batch), b_view(batch), m, k, c);
         }
-        finish_rows(&mut out);
+        finish_rows(out);
         sum_rows_apart(row_sums);
-        return out;
+        return;
     }
 
     let b_shared = b_batches.strides.iter().all(|&s| s == 0);
@@ -536,9 +550,8 @@ fn gemm_summing(
         &a_view,
         &b_view,
         epilogue,
-        &mut out,
+        out,
     );
-    out
 }
 
 /// `l`'s batch axes (all but the last two) broadcast to `batch_shape`.
