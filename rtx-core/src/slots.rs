@@ -107,8 +107,7 @@ impl Slots {
     /// an arena and the region is free (`Arena::claim`).
     fn region(&self, id: usize, len: usize) -> Option<Region> {
         let (plan, arena) = self.arena.as_ref()?;
-        let r = arena.claim(plan.buffer(id)?, len);
-        r
+        arena.claim(plan.buffer(id)?, len)
     }
 
     fn regions<const M: usize>(&self, ids: [usize; M], lens: [usize; M]) -> [Option<Region>; M] {
