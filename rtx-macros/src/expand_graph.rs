@@ -1,6 +1,10 @@
 //! `#[model]` on an impl holding `graph!`: parse, check and differentiate every graph
 //! function at compile time, then emit straight-line Rust for the forward pass and, for
 //! scalar-valued functions, the forward+backward pass (`<name>_and_grads`).
+//!
+//! One file of about 600 lines: the forward and `*_and_grads` functions are one quote each
+//! over the same entry checks and bindings, which read best next to them; the schedules
+//! they embed live in expand_schedule.rs.
 
 use crate::expand_kernels::Kernels;
 use crate::expand_schedule::{self as schedule, dim_expr};
