@@ -8,8 +8,9 @@
 
 use crate::ctx::Ctx;
 use crate::error::{Result, RtxError};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{Buffer, DType, Tensor};
 use rtx_backends::Layout;
+use rtx_backends::arena::Region;
 use rtx_backends::cpu::{self, BinaryOp, ReduceOp, UnaryOp};
 use rtx_ir::{Cmp, Dim, Op, ShapeErrorKind, Unifier};
 
@@ -153,6 +154,51 @@ fn check_size(op: &Op, args: &[&Tensor], out_shape: &[usize]) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// [`execute`], writing the output of the kernels that take a given buffer (a compiled
+/// call's arena `region`; `rtx_ir::memory::kernel_writes_into` lists them) into it. A region
+/// of the wrong length is not used: the output then comes from the buffer cache.
+#[doc(hidden)]
+pub fn execute_into(
+    op: &Op,
+    args: &[&Tensor],
+    out_shape: &[usize],
+    region: Option<Region>,
+    ctx: &mut Ctx,
+) -> Result<Tensor> {
+    let a = |i: usize| args[i];
+    let planned = region.is_some();
+    let buffer = |len| Buffer::new(region, len);
+    let (out, shape) = match op {
+        Op::MatMul => {
+            let ((da, la), (db, lb)) = (f32s(a(0), op)?, f32s(a(1), op)?);
+            cpu::matmul_into(da, la, db, lb, buffer)?
+        }
+        Op::Attention { causal } => {
+            let (q, k, v) = (f32s(a(0), op)?, f32s(a(1), op)?, f32s(a(2), op)?);
+            cpu::attention_into(q, k, v, *causal, buffer)?
+        }
+        Op::AttentionGrad { causal } => {
+            let (q, k, v) = (f32s(a(0), op)?, f32s(a(1), op)?, f32s(a(2), op)?);
+            cpu::attention_grad_into(q, k, v, f32s(a(3), op)?, *causal, buffer)?
+        }
+        Op::Reshape { .. } if planned && a(0).dtype() == DType::F32 => {
+            let t = a(0);
+            if t.layout().is_contiguous() && t.layout().offset == 0 {
+                // Row-major already: the reshape is a view, the region goes back unused.
+                return execute(op, args, out_shape, ctx);
+            }
+            crate::tensor::check_len(t.numel(), out_shape, "reshape")?;
+            let (d, l) = f32s(t, op)?;
+            let mut out = buffer(t.numel());
+            cpu::to_contiguous_into(d, l, out.as_mut_slice())?;
+            (out, out_shape.into())
+        }
+        // The region, if any, goes back unused (the arena plan places only the ops above).
+        _ => return execute(op, args, out_shape, ctx),
+    };
+    Ok(Tensor::from_buffer(out, &shape))
 }
 
 /// Executes `op` on arguments whose shapes already passed its shape rule, with the output

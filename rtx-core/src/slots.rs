@@ -229,7 +229,8 @@ impl Slots {
         Ok(())
     }
 
-    /// Node `id` by its core op's kernel (`ops::execute`), with output shape `shape`.
+    /// Node `id` by its core op's kernel (`ops::execute_into`, into its planned arena region
+    /// when it has one), with output shape `shape`.
     pub fn kernel(
         &mut self,
         ops: &[Node],
@@ -247,7 +248,12 @@ impl Slots {
             for &a in args {
                 inputs.push(s.get(a)?);
             }
-            let value = crate::ops::execute(op, &inputs, shape, ctx)?;
+            let region = if rtx_ir::memory::kernel_writes_into(op) {
+                s.region(id, shape.iter().product())
+            } else {
+                None
+            };
+            let value = crate::ops::execute_into(op, &inputs, shape, region, ctx)?;
             drop(inputs);
             s.set(id, value)
         })

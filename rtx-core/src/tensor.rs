@@ -17,6 +17,12 @@ pub enum Buffer {
     Arena(Region),
 }
 
+impl AsMut<[f32]> for Buffer {
+    fn as_mut(&mut self) -> &mut [f32] {
+        self.as_mut_slice()
+    }
+}
+
 impl Buffer {
     /// `region` when it holds exactly `len` values, else a cache buffer of `len`.
     pub fn new(region: Option<Region>, len: usize) -> Buffer {
@@ -33,7 +39,7 @@ impl Buffer {
         }
     }
 
-    fn into_storage(self) -> Storage {
+    pub(crate) fn into_storage(self) -> Storage {
         match self {
             Buffer::Owned(v) => Storage::F32(v),
             Buffer::Arena(r) => Storage::Arena(Some(r)),

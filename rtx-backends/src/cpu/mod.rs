@@ -38,7 +38,7 @@ mod topk;
 mod window;
 
 pub use crate::layout::Layout;
-pub use attention::{attention, attention_grad};
+pub use attention::{attention, attention_grad, attention_grad_into, attention_into};
 pub use check::{KResult, KernelError};
 pub use conv::{
     ConvAlgorithm, conv2d, conv2d_grad_input, conv2d_grad_input_with, conv2d_grad_weight,
@@ -49,7 +49,7 @@ pub use fused::{map_fused, map_fused_in_place, map_fused_into};
 pub use gemm::bf16::{Bf16Kernel, bf16_kernel, bf16_kernels, matmul_bf16, matmul_bf16_with};
 pub use gemm::f16::matmul_f16;
 pub use gemm::{
-    GemmKernel, gemm_kernel, gemm_kernels, matmul, matmul_fused, matmul_fused_into,
+    GemmKernel, gemm_kernel, gemm_kernels, matmul, matmul_fused, matmul_fused_into, matmul_into,
     matmul_row_sums, matmul_with,
 };
 pub use index::{concat, gather_rows, pad_narrow, pick_last, pick_last_grad, scatter_add_rows};
@@ -58,5 +58,5 @@ pub use random::dropout_mask;
 pub use reduce::{ReduceOp, argmax, max_grad, reduce, row_max, row_sum, sum_to};
 pub use rows::{RowIn, map_rows, map_rows_into, row_output_lens};
 pub use simd::{SimdLevel, set_simd_level, simd_level, simd_levels, simd_supported};
-pub use strided::to_contiguous;
+pub use strided::{to_contiguous, to_contiguous_into};
 pub use topk::{top_k, top_k_grad};

@@ -46,6 +46,23 @@ pub fn to_contiguous(data: &[f32], l: &Layout) -> KResult<Vec<f32>> {
     Ok(contiguous(data, l))
 }
 
+/// [`to_contiguous`] into `out`, which must hold exactly the layout's elements (a compiled
+/// call's arena region).
+pub fn to_contiguous_into(data: &[f32], l: &Layout, out: &mut [f32]) -> KResult<()> {
+    const K: &str = "to_contiguous";
+    check::view(K, "data", data.len(), l)?;
+    let n = check::elements(K, &l.shape)?;
+    check::argument(K, out.len() == n, || {
+        format!("an output buffer of {n} values, got {}", out.len())
+    })?;
+    if n > 0 && l.is_contiguous() {
+        out.copy_from_slice(&data[l.offset..l.offset + n]);
+    } else if n > 0 {
+        map_strided_into(data, l, |v| v, out);
+    }
+    Ok(())
+}
+
 /// [`to_contiguous`] of a layout the caller checked against `data`.
 pub(crate) fn contiguous(data: &[f32], l: &Layout) -> Vec<f32> {
     match contiguous_cow(data, l) {
@@ -73,9 +90,15 @@ pub(crate) fn contiguous_cow<'a>(data: &'a [f32], l: &Layout) -> Cow<'a, [f32]> 
 
 /// `f` applied to every element of `l`, in row-major order. The caller checked `l` against `x`.
 pub(crate) fn map_strided<F: Fn(f32) -> f32 + Sync>(x: &[f32], l: &Layout, f: F) -> Vec<f32> {
-    let walk = Walk::new(&l.shape, [l]);
     let mut out = crate::pool::take(l.numel());
-    for_each_chunk(&mut out, |start, piece| {
+    map_strided_into(x, l, f, &mut out);
+    out
+}
+
+/// [`map_strided`] into `out` of `l.numel()` values.
+fn map_strided_into<F: Fn(f32) -> f32 + Sync>(x: &[f32], l: &Layout, f: F, out: &mut [f32]) {
+    let walk = Walk::new(&l.shape, [l]);
+    for_each_chunk(out, |start, piece| {
         walk.runs(start, piece.len(), |at, len, [pos], [stride]| {
             let dst = &mut piece[at..at + len];
             if stride == 1 {
@@ -89,7 +112,6 @@ pub(crate) fn map_strided<F: Fn(f32) -> f32 + Sync>(x: &[f32], l: &Layout, f: F)
             }
         });
     });
-    out
 }
 
 /// Idle f64 scratch vectors, shared by all threads. A kernel's scratch is taken here for the

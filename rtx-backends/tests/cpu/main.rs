@@ -9,6 +9,7 @@ mod determinism;
 mod elementwise;
 mod fused;
 mod index;
+mod into;
 mod matmul;
 mod matmul_bf16;
 mod matmul_f16;

@@ -5,7 +5,7 @@
 use super::{BufferLife, lives_and_owners, step_outputs};
 use crate::fusion::Step;
 use crate::graph::{GraphFn, NodeId};
-use crate::op::DType;
+use crate::op::{DType, Op};
 use std::collections::HashMap;
 
 /// Offsets in one arena for `lives`, in bytes, and the arena's size: largest buffer first,
@@ -44,6 +44,17 @@ pub fn arena_offsets(lives: &[BufferLife], align: u128) -> (Vec<u128>, u128) {
     (offsets, size)
 }
 
+/// The single-op kernels that write their output into a buffer the caller gives
+/// (`rtx-core`'s `ops::execute_into`), so that a compiled call can place it in its arena;
+/// every other `Step::Kernel` takes its output from the buffer cache or returns a view.
+pub fn kernel_writes_into(op: &Op) -> bool {
+    matches!(
+        op,
+        // A reshape writes only when it copies a value that is not row-major (`views.rs`).
+        Op::MatMul | Op::Attention { .. } | Op::AttentionGrad { .. } | Op::Reshape { .. }
+    )
+}
+
 /// No arena buffer: the value comes from the buffer cache (or is a view, a leaf, a root).
 pub const NO_BUFFER: u32 = u32::MAX;
 
@@ -60,7 +71,7 @@ pub struct ArenaPlan {
 /// The arena plan for running `steps` of `f` with the symbols bound to `env`, where `passes`
 /// marks the steps that pass their input on (see `lives_and_owners`). Placed are the f32
 /// outputs of the steps whose kernels write into given buffers (pointwise and row groups,
-/// matmul epilogues), except the buffers that hold a root: results outlive the call, so they
+/// matmul epilogues, the kernels of [`kernel_writes_into`]), except the buffers that hold a root: results outlive the call, so they
 /// come from the buffer cache and the arena is free for the next call. `None` when a
 /// dimension cannot be evaluated with `env` or a size overflows.
 pub fn arena_plan(
@@ -76,7 +87,9 @@ pub fn arena_plan(
         let writes_into = match step {
             Step::Fused { .. } => !passes.get(i).copied().unwrap_or(false),
             Step::Rows { .. } | Step::MatMulEpilogue { .. } => true,
-            Step::Kernel(_) | Step::MatMulRowSums { .. } => false,
+            Step::Kernel(id) => kernel_writes_into(&f.graph.node(*id).op),
+            // Its outputs are a weight's and a bias's gradients: results, never placed.
+            Step::MatMulRowSums { .. } => false,
         };
         for v in step_outputs(step) {
             if let Some(&b) = buffer_of.get(&v)

@@ -14,7 +14,8 @@ use crate::op::{DType, Op};
 use std::collections::{HashMap, HashSet};
 
 mod arena;
-pub use arena::{ArenaPlan, NO_BUFFER, arena_offsets, arena_plan};
+mod views;
+pub use arena::{ArenaPlan, NO_BUFFER, arena_offsets, arena_plan, kernel_writes_into};
 
 /// Ops whose result is a view of their first argument's buffer.
 pub fn is_view(op: &Op) -> bool {
@@ -165,17 +166,21 @@ pub(crate) fn lives_and_owners(
 ) -> Option<(Vec<BufferLife>, HashMap<NodeId, usize>)> {
     let bytes_of = |v: NodeId| value_bytes(f, v, env);
     let mut passed_on: HashMap<NodeId, NodeId> = HashMap::new();
-    // Kernels that may return their argument's buffer: a reshape of a contiguous value, a
-    // stop-gradient, a rounding at f32 (`ops::execute` clones the tensor).
+    let row_major = views::row_major_values(f, steps, env, passes)?;
+    // Kernels that return their argument's buffer: a reshape of a row-major value (any other
+    // is copied), a stop-gradient, a rounding at f32 (`ops::execute` clones the tensor).
     for step in steps {
         if let Step::Kernel(id) = *step
-            && matches!(
-                f.graph.node(id).op,
-                Op::Reshape { .. } | Op::StopGradient | Op::Autocast | Op::AutocastGrad
-            )
             && let Some(&src) = f.graph.node(id).args.first()
         {
-            passed_on.insert(id, src);
+            let passes_on = match f.graph.node(id).op {
+                Op::Reshape { .. } => row_major.get(&src).copied().unwrap_or(true),
+                Op::StopGradient | Op::Autocast | Op::AutocastGrad => true,
+                _ => false,
+            };
+            if passes_on {
+                passed_on.insert(id, src);
+            }
         }
     }
     for (step, _) in steps.iter().zip(passes).filter(|(_, p)| **p) {
@@ -469,6 +474,59 @@ mod tests {
         assert!(plan.lens.iter().all(|&l| l == 40), "{plan:?}");
         // exp(x) is read by the step that writes log(exp(x) @ w): both alive there.
         assert_ne!(plan.offsets[0], plan.offsets[1], "{plan:?}");
+    }
+
+    /// exp(x), optionally permuted to [4, B], reshaped to add a unit axis, then exp again.
+    fn reshaped(permuted: bool) -> (GraphFn, NodeId, NodeId) {
+        let mut f = chain();
+        let mut u = Unifier::default();
+        let g = &mut f.graph;
+        g.nodes.truncate(2);
+        let a = g.push(Op::Exp, &[0], &mut u).unwrap();
+        let (src, shape) = if permuted {
+            let p = g
+                .push(Op::Permute { perm: vec![1, 0] }, &[a], &mut u)
+                .unwrap();
+            (p, vec![Dim::known(4), Dim::sym("B"), Dim::known(1)])
+        } else {
+            (a, vec![Dim::sym("B"), Dim::known(4), Dim::known(1)])
+        };
+        let r = g.push(Op::Reshape { shape }, &[src], &mut u).unwrap();
+        let out = g.push(Op::Exp, &[r], &mut u).unwrap();
+        f.forward_len = g.len();
+        f.output = out;
+        (f, a, r)
+    }
+
+    fn plan_of(f: &GraphFn) -> ArenaPlan {
+        let steps = crate::fusion::plan(&f.graph, f.graph.len(), &[f.output]);
+        let env: HashMap<String, i64> = [("B".to_string(), 10)].into();
+        let passes = vec![false; steps.len()];
+        arena_plan(f, &steps, &[f.output], &env, &passes).unwrap()
+    }
+
+    #[test]
+    fn a_reshape_of_a_permuted_value_copies_into_a_buffer_of_its_own() {
+        let (f, exp, reshape) = reshaped(true);
+
+        let plan = plan_of(&f);
+
+        let (a, r) = (plan.buffer_of[exp], plan.buffer_of[reshape]);
+        assert!(a != NO_BUFFER && r != NO_BUFFER, "{plan:?}");
+        assert_ne!(a, r, "the copy is read while its source is alive: {plan:?}");
+        assert_eq!(plan.lens[r as usize], 40);
+    }
+
+    #[test]
+    fn a_reshape_of_a_row_major_value_shares_its_buffer() {
+        let (f, exp, reshape) = reshaped(false);
+
+        let plan = plan_of(&f);
+
+        // The reshape writes nothing: only exp(x)'s buffer is placed.
+        assert_eq!(plan.buffer_of[reshape], NO_BUFFER, "{plan:?}");
+        assert_ne!(plan.buffer_of[exp], NO_BUFFER, "{plan:?}");
+        assert_eq!(plan.lens.len(), 1, "{plan:?}");
     }
 
     #[test]

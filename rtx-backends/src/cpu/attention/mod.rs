@@ -183,15 +183,33 @@ pub fn attention(
     v: (&[f32], &Layout),
     causal: bool,
 ) -> KResult<(Vec<f32>, Dims)> {
-    let [q, k, v] = operands("attention", q, k, v, causal)?;
+    attention_into(q, k, v, causal, crate::pool::take)
+}
+
+/// [`attention`] writing into the buffer `out(len)` returns for the output's `len` values,
+/// which must hold exactly `len` (none is read).
+pub fn attention_into<B: AsMut<[f32]>>(
+    q: (&[f32], &Layout),
+    k: (&[f32], &Layout),
+    v: (&[f32], &Layout),
+    causal: bool,
+    out: impl FnOnce(usize) -> B,
+) -> KResult<(B, Dims)> {
+    const K: &str = "attention";
+    let [q, k, v] = operands(K, q, k, v, causal)?;
     let (tq, tk, dv) = (q.rows, k.rows, v.cols);
     let mut shape = q.layout.shape.clone();
     *shape.last_mut().unwrap_or(&mut 0) = dv;
     let slices = numel(q.batch_shape());
-    let mut out = crate::pool::take(slices * tq * dv);
+    let len = slices * tq * dv;
+    let mut buffer = out(len);
+    let out = buffer.as_mut();
+    check::argument(K, out.len() == len, || {
+        format!("an output buffer of {len} values, got {}", out.len())
+    })?;
     if out.is_empty() || tk == 0 {
         out.fill(0.0);
-        return Ok((out, shape));
+        return Ok((buffer, shape));
     }
     let every = Slice::first(&q, &k, &v, causal);
     out.par_chunks_mut(tq * dv)
@@ -207,7 +225,7 @@ pub fn attention(
                 )
             })
         });
-    Ok((out, shape))
+    Ok((buffer, shape))
 }
 
 /// The gradients of [`attention`] with respect to q, k and v, given the output gradient `g`
@@ -219,6 +237,20 @@ pub fn attention_grad(
     g: (&[f32], &Layout),
     causal: bool,
 ) -> KResult<(Vec<f32>, Dims)> {
+    attention_grad_into(q, k, v, g, causal, crate::pool::take)
+}
+
+/// [`attention_grad`] writing into the buffer `out(len)` returns for the stacked gradients'
+/// `len` values, which must hold exactly `len` (it is cleared first: keys and values sum
+/// their gradients over the query blocks).
+pub fn attention_grad_into<B: AsMut<[f32]>>(
+    q: (&[f32], &Layout),
+    k: (&[f32], &Layout),
+    v: (&[f32], &Layout),
+    g: (&[f32], &Layout),
+    causal: bool,
+    out: impl FnOnce(usize) -> B,
+) -> KResult<(B, Dims)> {
     const K: &str = "attention_grad";
     let [q, k, v] = operands(K, q, k, v, causal)?;
     let g = Rows::new(K, "g", g.0, g.1)?;
@@ -246,10 +278,14 @@ pub fn attention_grad(
     let part = slices * t * d;
     let mut shape = Dims::from_slice(&[3]);
     shape.extend_from_slice(&q.layout.shape);
-    let mut out = crate::pool::take(3 * part);
+    let mut buffer = out(3 * part);
+    let out = buffer.as_mut();
+    check::argument(K, out.len() == 3 * part, || {
+        format!("an output buffer of {} values, got {}", 3 * part, out.len())
+    })?;
     out.fill(0.0);
     if part == 0 {
-        return Ok((out, shape));
+        return Ok((buffer, shape));
     }
     let every = Slice::first(&q, &k, &v, causal);
     let (dq, rest) = out.split_at_mut(part);
@@ -267,5 +303,5 @@ pub fn attention_grad(
                 )
             })
         });
-    Ok((out, shape))
+    Ok((buffer, shape))
 }

@@ -206,6 +206,28 @@ pub fn matmul(a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> KResult<(Vec<f3
     matmul_with(gemm_kernel(), a, la, b, lb)
 }
 
+/// [`matmul`] writing into the buffer `out(len)` returns for the product's `len` values (a
+/// compiled call's arena region, say), which must hold exactly `len`: every value is
+/// overwritten, none is read.
+pub fn matmul_into<B: AsMut<[f32]>>(
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+    out: impl FnOnce(usize) -> B,
+) -> KResult<(B, Dims)> {
+    const K: &str = "matmul";
+    let product = Product::check(K, a.len(), la, b.len(), lb)?;
+    let len = numel(&product.out_shape);
+    let mut buffer = out(len);
+    let slice = buffer.as_mut();
+    check::argument(K, slice.len() == len, || {
+        format!("an output buffer of {len} values, got {}", slice.len())
+    })?;
+    gemm_summing(gemm_kernel(), a, la, b, lb, &product, None, None, slice);
+    Ok((buffer, product.out_shape))
+}
+
 /// The sizes of a product whose operands passed [`Product::check`]: `[.., M, K] @ [.., K, N]`
 /// over the broadcast batch shape.
 pub(crate) struct Product {
