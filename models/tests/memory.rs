@@ -110,3 +110,81 @@ fn gpt_step_follows_its_arena_plan() {
 
     assert_eq!(fallbacks, 0);
 }
+
+/// A perceptron whose every shape is static (batch 8): its arena plan is fixed at compile time.
+#[model]
+pub struct StaticMlp {
+    fc1: Linear<16, 32>,
+    fc2: Linear<32, 4>,
+}
+
+#[model]
+impl StaticMlp {
+    graph! {
+        fn forward(&self, x: [8, 16]) -> [8, 4] {
+            self.fc2(gelu(self.fc1(x)))
+        }
+
+        fn loss(&self, x: [8, 16], y: i64[8]) -> [] {
+            cross_entropy(self.forward(x), y)
+        }
+    }
+}
+
+fn static_batch() -> (rtx_core::Tensor, rtx_core::Tensor) {
+    let mut rng = rtx_core::Rng::new(5);
+    let x = rtx_core::Tensor::from_vec((0..8 * 16).map(|_| rng.normal()).collect(), &[8, 16]);
+    let y = rtx_core::Tensor::from_i64((0..8).map(|i| i % 4).collect(), &[8]);
+    (x.unwrap(), y.unwrap())
+}
+
+#[test]
+fn a_static_shape_step_carries_the_arena_plan_the_compiler_fixed() {
+    let ir = StaticMlp::graph().unwrap();
+    let loss = ir.function("loss").unwrap();
+    let roots = loss.roots();
+    let steps = rtx_core::ir::fusion::plan(&loss.graph, loss.graph.len(), &roots);
+    let passes: Vec<bool> = steps.iter().map(|s| s.only_rounds()).collect();
+
+    let planned_now =
+        rtx_core::ir::memory::arena_plan(loss, &steps, &roots, &Default::default(), &passes)
+            .unwrap();
+    let fixed = StaticMlp::__rtx_arena_loss_and_grads();
+
+    assert!(!fixed.offsets().is_empty());
+    assert_eq!(fixed.offsets(), &planned_now.offsets[..]);
+    assert_eq!(fixed.lens(), &planned_now.lens[..]);
+    assert_eq!(fixed.buffer_of(), &planned_now.buffer_of[..]);
+}
+
+#[test]
+fn a_static_shape_step_in_its_fixed_arena_matches_the_unfused_step() {
+    let (x, y) = static_batch();
+    let model = StaticMlp::init(3);
+
+    let before = rtx_backends::arena::fallbacks();
+    let (fused_loss, fused) = model
+        .loss_and_grads(&mut rtx_core::Ctx::train(0), &x, &y)
+        .unwrap();
+    let (again_loss, _) = model
+        .loss_and_grads(&mut rtx_core::Ctx::train(0), &x, &y)
+        .unwrap();
+    let fallbacks = rtx_backends::arena::fallbacks() - before;
+    let (plain_loss, plain) = model
+        .loss_and_grads(&mut rtx_core::Ctx::train(0).with_fusion(false), &x, &y)
+        .unwrap();
+
+    assert_eq!(fallbacks, 0);
+    let value = |t: &rtx_core::Tensor| t.to_vec_f32().unwrap();
+    assert_eq!(value(&fused_loss), value(&again_loss));
+    let close = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .all(|(p, q)| (p - q).abs() <= 1e-5 * q.abs().max(1e-3))
+    };
+    assert!(close(&value(&fused_loss), &value(&plain_loss)));
+    for (name, g) in plain.iter() {
+        let f = fused.get(name).unwrap();
+        assert!(close(&value(f), &value(g)), "{name}");
+    }
+}

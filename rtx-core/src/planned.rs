@@ -6,6 +6,9 @@
 //! The plan is computed at run time because the models' shapes are symbolic (`B`): the
 //! arena's size depends on the batch. It comes from the same fusion plan the macro emitted
 //! the schedule from (`rtx_ir::fusion::plan` over the embedded IR), so the node ids match.
+//! A function whose shapes are all static gets its plan at compile time instead: the macro
+//! runs the same `arena_plan` at expansion and emits the offsets as constants
+//! ([`StaticPlan`]), so the call reads its offsets rather than computing them.
 //! `RTX_ARENA=0` turns arenas off (every buffer then comes from `rtx_backends::pool`).
 
 use rtx_backends::arena::{Arena, Placement};
@@ -126,6 +129,65 @@ fn compute(f: &GraphFn, upto: usize, roots: &[usize], dims: &[(&str, i64)]) -> O
         placement: Arc::new(Placement::new(plan.offsets, plan.lens)?),
         spares: Mutex::new(Vec::new()),
     })
+}
+
+/// An arena plan fixed at compile time: `#[model]` emits one as a `static` for each compiled
+/// function whose shapes have no symbol (`rtx_ir::memory::arena_plan` run at expansion), and
+/// the call lays out its arena from these offsets with no planning at run time.
+pub struct StaticPlan {
+    buffer_of: &'static [u32],
+    offsets: &'static [usize],
+    lens: &'static [usize],
+    built: OnceLock<Option<Arc<CallPlan>>>,
+}
+
+impl StaticPlan {
+    /// For each node the buffer its value goes to (`NO_BUFFER`: none), and each buffer's
+    /// offset and length in f32 elements.
+    pub const fn new(
+        buffer_of: &'static [u32],
+        offsets: &'static [usize],
+        lens: &'static [usize],
+    ) -> StaticPlan {
+        StaticPlan {
+            buffer_of,
+            offsets,
+            lens,
+            built: OnceLock::new(),
+        }
+    }
+
+    /// Each buffer's offset in the arena, in f32 elements, as the macro fixed them.
+    pub fn offsets(&self) -> &'static [usize] {
+        self.offsets
+    }
+
+    /// Each buffer's length, in f32 elements.
+    pub fn lens(&self) -> &'static [usize] {
+        self.lens
+    }
+
+    /// The arena buffer of each node (`rtx_ir::memory::NO_BUFFER`: none).
+    pub fn buffer_of(&self) -> &'static [u32] {
+        self.buffer_of
+    }
+
+    /// The call plan laid out from the constants, once per process; `None` when arenas are
+    /// off or the constants overlap no valid placement (never for what the macro emits).
+    pub(crate) fn call_plan(&self) -> Option<Arc<CallPlan>> {
+        if !arenas_enabled() {
+            return None;
+        }
+        let built = self.built.get_or_init(|| {
+            let placement = Placement::new(self.offsets.to_vec(), self.lens.to_vec())?;
+            Some(Arc::new(CallPlan {
+                buffer_of: self.buffer_of.to_vec(),
+                placement: Arc::new(placement),
+                spares: Mutex::new(Vec::new()),
+            }))
+        });
+        built.clone()
+    }
 }
 
 /// The elements of the arena a call of nodes `0..upto` of `f` uses with the symbols as in

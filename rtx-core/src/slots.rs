@@ -103,6 +103,17 @@ impl Slots {
         slots
     }
 
+    /// [`Slots::planned`] for a function whose shapes are all static: the arena plan is the
+    /// one the macro fixed at compile time.
+    pub fn planned_static(len: usize, fused: bool, plan: &crate::planned::StaticPlan) -> Slots {
+        let mut slots = Slots::new(len);
+        if fused && let Some(plan) = plan.call_plan() {
+            let arena = plan.arena();
+            slots.arena = Some((plan, arena));
+        }
+        slots
+    }
+
     /// The arena region planned for node `id`'s value of `len` elements, when the call has
     /// an arena and the region is free (`Arena::claim`).
     fn region(&self, id: usize, len: usize) -> Option<Region> {

@@ -502,6 +502,15 @@ fn emit_fn(
         f,
         false,
     );
+    let fwd_arena = format_ident!("__rtx_arena_{}", with);
+    let fwd_static = crate::expand_arena::static_plan(ir, forward_len, &forward_roots);
+    let fwd_slots = crate::expand_arena::slots_expr(
+        fwd_static.as_ref().map(|_| &fwd_arena),
+        slots,
+        forward_len,
+        &forward_roots,
+        &fwd_dims,
+    );
     let doc = format!(
         "Graph function `{}` in eval mode (dropout off). Checked at compile time: {}.",
         name,
@@ -530,9 +539,7 @@ fn emit_fn(
                 let __f = &Self::__rtx_ir()?.functions[#fi];
                 let __ops = &__f.graph.nodes;
                 let __cast = __ctx.rounding();
-                let mut __s = ::rtx_core::slots::Slots::planned(
-                    #slots, __ctx.fusion(), __f, #forward_len, &[#out], #fwd_dims,
-                );
+                let mut __s = #fwd_slots;
                 if __ctx.fusion() {
                     #fwd_fused
                 } else {
@@ -543,6 +550,9 @@ fn emit_fn(
             })
         }
     };
+    if let Some(body) = fwd_static {
+        ts.extend(static_plan_fn(&fwd_arena, &with, body));
+    }
     if ir.graph.node(ir.output).shape.is_empty() {
         let and_grads = format_ident!("{}_and_grads", name);
         let mut roots = vec![ir.output];
@@ -550,6 +560,18 @@ fn emit_fn(
         let all_fused = schedule::schedule(kernels, ir, ir.graph.len(), &roots, params, f, true);
         let all_plain = schedule::schedule(kernels, ir, ir.graph.len(), &roots, params, f, false);
         let all_dims = schedule::dims_expr(ir, ir.graph.len());
+        let all_arena = format_ident!("__rtx_arena_{}", and_grads);
+        let all_static = crate::expand_arena::static_plan(ir, ir.graph.len(), &roots);
+        let all_slots = crate::expand_arena::slots_expr(
+            all_static.as_ref().map(|_| &all_arena),
+            slots,
+            slots,
+            &roots,
+            &all_dims,
+        );
+        if let Some(body) = all_static {
+            ts.extend(static_plan_fn(&all_arena, &and_grads, body));
+        }
         let pushes: Vec<TokenStream> = ir
             .grads
             .iter()
@@ -582,9 +604,7 @@ fn emit_fn(
                     let __f = &Self::__rtx_ir()?.functions[#fi];
                 let __ops = &__f.graph.nodes;
                     let __cast = __ctx.rounding();
-                    let mut __s = ::rtx_core::slots::Slots::planned(
-                        #slots, __ctx.fusion(), __f, #slots, &[#(#roots),*], #all_dims,
-                    );
+                    let mut __s = #all_slots;
                     if __ctx.fusion() {
                         #all_fused
                     } else {
@@ -598,6 +618,19 @@ fn emit_fn(
         });
     }
     ts
+}
+
+/// The accessor of a function's compile-time arena plan, `fn_name`'s.
+fn static_plan_fn(plan_fn: &syn::Ident, fn_name: &syn::Ident, body: TokenStream) -> TokenStream {
+    let doc =
+        format!("The arena plan of `{fn_name}`, fixed at compile time: its shapes are all static.");
+    quote! {
+        #[doc = #doc]
+        #[doc(hidden)]
+        pub fn #plan_fn() -> &'static ::rtx_core::planned::StaticPlan {
+            #body
+        }
+    }
 }
 
 fn signature_text(f: &GraphFnDef, ir: &GraphFn) -> String {

@@ -9,6 +9,7 @@
 //! holding the struct's definition; `#[model]` on the impl expands to a call of that callback,
 //! which comes back into `__model_impl!` with both items (nested models arrive the same way).
 
+mod expand_arena;
 mod expand_graph;
 mod expand_kernels;
 mod expand_model_trait;
