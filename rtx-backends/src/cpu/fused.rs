@@ -233,8 +233,10 @@ fn drive<const N: usize, const M: usize, F>(
     }
 }
 
-/// Output size from which stores bypass the caches: beyond the last-level cache of the
-/// machines here, a normal store first reads the line it overwrites.
+/// Output size from which stores avoid reading the lines they overwrite (a normal store's
+/// read-for-ownership): contiguous runs stage results on the stack and move them with
+/// `memcpy`, whose string moves write whole lines; the checked block loop uses
+/// non-temporal stores. Below it, outputs are small enough that the reads hit the cache.
 const STREAM_BYTES: usize = 32 << 20;
 
 /// Length of the stack runs that hold a broadcast input's value (see `drive`).
@@ -277,7 +279,7 @@ fn contiguous_run<const N: usize, const M: usize, F>(
 ) where
     F: Fn([f32; N]) -> [f32; M] + Copy,
 {
-    if !stream && plain_run(src, dst, at, run, in_place, body) {
+    if plain_run(src, dst, at, run, stream, in_place, body) {
         return;
     }
     let full = run - run % LANES;
@@ -333,6 +335,7 @@ fn plain_run<const N: usize, const M: usize, F>(
     dst: &mut [&mut [f32]; M],
     at: usize,
     run: usize,
+    stream: bool,
     in_place: Option<usize>,
     body: &F,
 ) -> bool
@@ -360,6 +363,39 @@ where
     // captured, such as the call's rounding) reloaded every element and the loop scalar.
     let body: F = *body;
     match in_place {
+        None if stream => super::simd::widest(
+            #[inline(always)]
+            move || {
+                let (ins, outs, run, body) = (ins, outs, run, body);
+                // Results go to a block on the stack first and then to the output by
+                // `memcpy`: for outputs of tens of MiB its string moves write whole lines
+                // without first reading them (a plain store's read-for-ownership moves a
+                // third more data), and unlike non-temporal stores they stay in a large
+                // last-level cache. 2 KiB per output, well inside L1.
+                let mut staged = [[0.0f32; STAGE]; M];
+                let mut start = 0;
+                while start < run {
+                    let len = STAGE.min(run - start);
+                    // SAFETY: every input holds `run` values from its pointer and every output
+                    // `at + run` from `outs` (checked above); the stack blocks hold STAGE >=
+                    // len values and overlap nothing.
+                    unsafe {
+                        let block_ins: [*const f32; N] = std::array::from_fn(|k| ins[k].add(start));
+                        let block_outs: [*mut f32; M] =
+                            std::array::from_fn(|m| staged[m].as_mut_ptr());
+                        pointer_loop(block_ins, block_outs, len, &body);
+                        for m in 0..M {
+                            std::ptr::copy_nonoverlapping(
+                                staged[m].as_ptr(),
+                                outs[m].add(start),
+                                len,
+                            );
+                        }
+                    }
+                    start += len;
+                }
+            },
+        ),
         None => super::simd::widest(
             #[inline(always)]
             move || {
@@ -403,6 +439,9 @@ where
     }
     true
 }
+
+/// Values per output staged on the stack in [`plain_run`] when streaming.
+const STAGE: usize = 512;
 
 /// Values of a donated input copied per block in [`plain_run`] (1 KiB of stack).
 const IN_PLACE_BLOCK: usize = 256;
