@@ -54,13 +54,14 @@ fn fused_map_reads_broadcast_and_strided_inputs() {
 
 #[test]
 fn fused_map_of_a_buffer_beyond_the_caches_matches_the_body() {
-    // 9M elements x 2 outputs: past the size where stores bypass the caches.
+    // 9M elements x 2 outputs: past the size where stores avoid reading the lines they
+    // write (staged or non-temporal, by the machine's last-level cache); every value checked.
     let mut rng = Rng::new(42);
     let n = 9 * 1024 * 1024 + 3;
     let (a, b) = (rng.vec(n), rng.vec(n));
     let l = Layout::contiguous(&[n]);
     let [y0, y1] = map_fused([(&a[..], &l), (&b[..], &l)], &[n], body).unwrap();
-    for i in (0..n).step_by(997).chain(n - 20..n) {
+    for i in 0..n {
         assert_eq!([y0[i], y1[i]], body([a[i], b[i]]), "element {i}");
     }
 }
