@@ -185,6 +185,11 @@ fn pack_rows<const MR: usize>(
     {
         return;
     }
+    if let Ok(rows6) = <&[&[f32]; 6]>::try_from(rows.as_slice())
+        && super::transpose::rows6_k_major(rows6, kc, panel_dst)
+    {
+        return;
+    }
     for (kk, dst) in panel_dst.chunks_exact_mut(MR).take(kc).enumerate() {
         for (d, row) in dst.iter_mut().zip(&rows) {
             *d = row[kk];

@@ -2,7 +2,8 @@
 //! row-major A (an activation in `x @ W^T`, the column matrix of a convolution's weight
 //! gradient) holds each row contiguously. One value at a time this costs a load and a store
 //! per value; with AVX-512 a 16 x 16 block transposes in 64 shuffles, a quarter of an
-//! operation per value, so the 14-row panels of the AVX-512 kernel take this path.
+//! operation per value, so the 14-row panels of the AVX-512 kernel take this path, and the
+//! 6-row panels of the AVX2 kernel go through 8 x 8 blocks (two rows of zeros).
 //!
 //! Packing a transposed B (the weight of `x @ W^T`, every Linear's forward pass) is the same
 //! transpose: a panel's columns are rows of W. With AVX2, 8 x 8 blocks transpose in 24
@@ -55,6 +56,65 @@ unsafe fn rows14_avx512(rows: &[&[f32]; 14], kc: usize, dst: &mut [f32]) {
     }
 }
 
+/// Writes `rows[r][k]` to `dst[k * 6 + r]` for `k < kc` (the 6-row panels of the AVX2
+/// kernel), when the CPU has AVX2; returns false (and writes nothing) otherwise. Every row
+/// holds at least `kc` values and `dst` at least `6 * kc`.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn rows6_k_major(rows: &[&[f32]; 6], kc: usize, dst: &mut [f32]) -> bool {
+    if !std::arch::is_x86_feature_detected!("avx2") {
+        return false;
+    }
+    assert!(rows.iter().all(|r| r.len() >= kc) && dst.len() >= 6 * kc);
+    // SAFETY: the CPU has AVX2 (checked above) and the lengths were checked.
+    unsafe { rows6_avx2(rows, kc, dst) };
+    true
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) fn rows6_k_major(_rows: &[&[f32]; 6], _kc: usize, _dst: &mut [f32]) -> bool {
+    false
+}
+
+/// Eight k at a time: the six rows' runs and two zero rows transpose as an 8 x 8 block, and
+/// each k's first six lanes are stored. Seven of the eight stores are whole vectors whose two
+/// extra lanes the next k's store overwrites; the eighth stores four lanes and then two, so
+/// nothing past the block is touched.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn rows6_avx2(rows: &[&[f32]; 6], kc: usize, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let full = kc / 8 * 8;
+    let out = dst.as_mut_ptr();
+    let mut kb = 0;
+    while kb < full {
+        let mut block = [_mm256_setzero_ps(); 8];
+        for (r, row) in rows.iter().enumerate() {
+            // SAFETY: kb + 8 <= kc <= row.len().
+            block[r] = unsafe { _mm256_loadu_ps(row.as_ptr().add(kb)) };
+        }
+        transpose8(&mut block);
+        // SAFETY: the whole-vector stores for k = kb..kb + 7 end at (kb + 6) * 6 + 8 <=
+        // (kb + 8) * 6 <= kc * 6 <= dst.len(); the last k writes exactly its six values.
+        unsafe {
+            for (j, column) in block.iter().enumerate().take(7) {
+                _mm256_storeu_ps(out.add((kb + j) * 6), *column);
+            }
+            let last = out.add((kb + 7) * 6);
+            _mm_storeu_ps(last, _mm256_castps256_ps128(block[7]));
+            _mm_store_sd(
+                last.add(4).cast(),
+                _mm_castps_pd(_mm256_extractf128_ps::<1>(block[7])),
+            );
+        }
+        kb += 8;
+    }
+    for k in full..kc {
+        for (r, row) in rows.iter().enumerate() {
+            dst[k * 6 + r] = row[k];
+        }
+    }
+}
+
 /// Transposes the 16 x 16 block held one row per register: unpack pairs of rows (2 x 2
 /// blocks), then pairs of 64-bit halves (4 x 4 blocks within each 128-bit lane), then swap
 /// 128-bit lanes twice.
@@ -96,7 +156,31 @@ fn transpose16(r: &mut [std::arch::x86_64::__m512; 16]) {
 
 #[cfg(test)]
 mod tests {
-    use super::rows14_k_major;
+    use super::{rows6_k_major, rows14_k_major};
+
+    #[test]
+    fn six_rows_become_k_major_for_any_width_without_writing_past_the_panel() {
+        for kc in [1, 7, 8, 9, 16, 17, 64, 129] {
+            let data: Vec<Vec<f32>> = (0..6)
+                .map(|r| (0..kc).map(|k| (r * 1000 + k) as f32).collect())
+                .collect();
+            let rows: [&[f32]; 6] = std::array::from_fn(|r| data[r].as_slice());
+            let mut dst = vec![f32::NAN; 6 * kc + 4];
+            if !rows6_k_major(&rows, kc, &mut dst[..6 * kc]) {
+                eprintln!("skipped: no AVX2 on this CPU");
+                return;
+            }
+            for k in 0..kc {
+                for r in 0..6 {
+                    assert_eq!(dst[k * 6 + r], (r * 1000 + k) as f32, "kc {kc} k {k} r {r}");
+                }
+            }
+            assert!(
+                dst[6 * kc..].iter().all(|v| v.is_nan()),
+                "kc {kc}: wrote past the panel"
+            );
+        }
+    }
 
     #[test]
     fn fourteen_rows_become_k_major_for_any_width() {
