@@ -33,6 +33,7 @@ mod reduce;
 mod rows;
 pub mod scalar;
 mod simd;
+mod stores;
 mod strided;
 mod topk;
 mod window;
