@@ -229,6 +229,9 @@ fn train_gpt_and_report(cfg: &GptConfig, save: Option<PathBuf>) -> Result<()> {
         println!("resuming from {}", path.display());
     }
     let (model, r) = train_gpt(cfg)?;
+    if let Some(table) = rtx_core::profile::report(r.steps as u64) {
+        eprintln!("{table}");
+    }
     println!("parameters: {}", model.num_params());
     for p in &r.curve {
         println!(

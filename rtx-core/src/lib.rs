@@ -25,6 +25,7 @@ pub mod ops;
 pub mod optim;
 pub mod parallel;
 pub mod planned;
+pub mod profile;
 pub mod resume;
 pub mod rng;
 pub mod schedule;

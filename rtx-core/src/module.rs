@@ -155,6 +155,11 @@ impl Grads {
         self.entries.iter().map(|(n, t)| (n.as_ref(), t))
     }
 
+    /// The gradients themselves, to update in place (`clip_grad_norm`).
+    pub(crate) fn tensors_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
+        self.entries.iter_mut().map(|(_, t)| t)
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }

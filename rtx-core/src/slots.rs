@@ -51,6 +51,9 @@ pub struct Slots {
     error: Option<RtxError>,
     /// Where the call's intermediates lie, and the arena they lie in (`planned.rs`).
     arena: Option<(Arc<CallPlan>, Arc<Arena>)>,
+    /// Whether steps are timed (`profile.rs`), and the IR the step labels come from.
+    profiling: bool,
+    ir: Option<(&'static GraphFn, &'static str)>,
 }
 
 impl Drop for Slots {
@@ -80,6 +83,8 @@ impl Slots {
             values,
             error: None,
             arena: None,
+            profiling: crate::profile::enabled(),
+            ir: None,
         }
     }
 
@@ -144,6 +149,12 @@ impl Slots {
         }
     }
 
+    /// Names the function this call runs and which call it is (`forward`, `and_grads`), for
+    /// the profiler's step labels.
+    pub fn describe(&mut self, f: &'static GraphFn, call: &'static str) {
+        self.ir = Some((f, call));
+    }
+
     /// Runs a step unless an earlier one failed, keeping its error.
     fn step(&mut self, f: impl FnOnce(&mut Slots) -> Result<()>) {
         if self.error.is_none()
@@ -151,6 +162,34 @@ impl Slots {
         {
             self.error = Some(e);
         }
+    }
+
+    /// [`Slots::step`] for the step of kind `kind` at `node`, timed when profiling;
+    /// `flops` counts its arithmetic (called only when profiling).
+    fn timed(
+        &mut self,
+        kind: &'static str,
+        node: usize,
+        flops: impl FnOnce(&Slots) -> u64,
+        f: impl FnOnce(&mut Slots) -> Result<()>,
+    ) {
+        if !self.profiling {
+            return self.step(f);
+        }
+        let flops = flops(self);
+        let start = std::time::Instant::now();
+        self.step(f);
+        crate::profile::record_step(self.ir, kind, node, start.elapsed(), flops);
+    }
+
+    /// `2 m n k` for a product of shape `out` whose left operand is node `a`.
+    fn product_flops(&self, a: usize, out: &[usize]) -> u64 {
+        let k = self
+            .values
+            .get(a)
+            .and_then(|v| v.as_ref())
+            .and_then(|t| t.shape().last().copied());
+        2 * out.iter().product::<usize>() as u64 * k.unwrap_or(0) as u64
     }
 
     fn slot(&mut self, id: usize) -> Result<&mut Option<Tensor>> {
@@ -250,7 +289,12 @@ impl Slots {
         shape: &[usize],
         ctx: &mut Ctx,
     ) {
-        self.step(|s| {
+        let is_product = matches!(ops.get(id).map(|n| &n.op), Some(Op::MatMul));
+        let flops = |s: &Slots| match (is_product, args.first()) {
+            (true, Some(&a)) => s.product_flops(a, shape),
+            _ => 0,
+        };
+        self.timed("kernel", id, flops, |s| {
             let op = &ops
                 .get(id)
                 .ok_or_else(|| internal(format!("node {id} is not in the model's IR")))?
@@ -331,11 +375,17 @@ impl Slots {
         F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
         G: Fn([f32; N]) -> [f32; M] + Sync + Copy,
     {
-        with_body!(body, |body| self.step(|s| {
-            let regions = s.regions(outputs, [shape.iter().product(); M]);
-            let values = fused::fused(s.refs(inputs)?, shape, regions, body)?;
-            s.put(outputs, values)
-        }))
+        let node = outputs.first().copied().unwrap_or(0);
+        with_body!(body, |body| self.timed(
+            "fused",
+            node,
+            |_| 0,
+            |s| {
+                let regions = s.regions(outputs, [shape.iter().product(); M]);
+                let values = fused::fused(s.refs(inputs)?, shape, regions, body)?;
+                s.put(outputs, values)
+            }
+        ))
     }
 
     /// A pointwise group whose input `donor` dies here: its buffer may take output 0
@@ -351,43 +401,54 @@ impl Slots {
         F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
         G: Fn([f32; N]) -> [f32; M] + Sync + Copy,
     {
-        with_body!(body, |body| self.step(|s| {
-            // Output 0 is planned over the donor's buffer: claimed only if the donation fails.
-            let n = shape.iter().product();
-            let mut k = 0;
-            let regions = outputs.map(|id| {
-                k += 1;
-                let over_donor = k == 1 && s.shares_buffer(id, donor);
-                (!over_donor).then(|| s.region(id, n)).flatten()
-            });
-            let mut donated = Some(s.take(donor)?);
-            let mut missing = None;
-            let args = inputs.map(|id| match donated.take_if(|_| id == donor) {
-                Some(t) => FusedArg::Donated(t),
-                None => FusedArg::Borrowed(s.get(id).unwrap_or_else(|e| {
-                    missing.get_or_insert(e);
-                    placeholder()
-                })),
-            });
-            if let Some(e) = missing {
-                return Err(e);
+        let node = outputs.first().copied().unwrap_or(0);
+        with_body!(body, |body| self.timed(
+            "fused",
+            node,
+            |_| 0,
+            |s| {
+                // Output 0 is planned over the donor's buffer: claimed only if the donation fails.
+                let n = shape.iter().product();
+                let mut k = 0;
+                let regions = outputs.map(|id| {
+                    k += 1;
+                    let over_donor = k == 1 && s.shares_buffer(id, donor);
+                    (!over_donor).then(|| s.region(id, n)).flatten()
+                });
+                let mut donated = Some(s.take(donor)?);
+                let mut missing = None;
+                let args = inputs.map(|id| match donated.take_if(|_| id == donor) {
+                    Some(t) => FusedArg::Donated(t),
+                    None => FusedArg::Borrowed(s.get(id).unwrap_or_else(|e| {
+                        missing.get_or_insert(e);
+                        placeholder()
+                    })),
+                });
+                if let Some(e) = missing {
+                    return Err(e);
+                }
+                let values = fused::fused_donating(args, shape, regions, body)?;
+                s.put(outputs, values)
             }
-            let values = fused::fused_donating(args, shape, regions, body)?;
-            s.put(outputs, values)
-        }))
+        ))
     }
 
     /// A group that only rounds node `input` to the call's precision: at f32 its value is
     /// passed on (`moved` when the input dies here) instead of copied.
     pub fn pass(&mut self, input: usize, output: usize, moved: bool) {
-        self.step(|s| {
-            let value = if moved {
-                s.take(input)?
-            } else {
-                s.get(input)?.clone()
-            };
-            s.set(output, value)
-        })
+        self.timed(
+            "pass",
+            output,
+            |_| 0,
+            |s| {
+                let value = if moved {
+                    s.take(input)?
+                } else {
+                    s.get(input)?.clone()
+                };
+                s.set(output, value)
+            },
+        )
     }
 
     /// A row group (`fused::rows`).
@@ -404,12 +465,18 @@ impl Slots {
         F: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
         G: Fn(&[RowIn<'_>; N], usize, &mut [&mut [f32]; M], &mut [f32]) + Sync + Copy,
     {
-        with_body!(body, |body| self.step(|s| {
-            let lens = rtx_backends::cpu::row_output_lens(shape, out_wide);
-            let regions = s.regions(outputs, lens);
-            let values = fused::rows(s.refs(inputs)?, shape, varies, out_wide, regions, body)?;
-            s.put(outputs, values)
-        }))
+        let node = outputs.first().copied().unwrap_or(0);
+        with_body!(body, |body| self.timed(
+            "rows",
+            node,
+            |_| 0,
+            |s| {
+                let lens = rtx_backends::cpu::row_output_lens(shape, out_wide);
+                let regions = s.regions(outputs, lens);
+                let values = fused::rows(s.refs(inputs)?, shape, varies, out_wide, regions, body)?;
+                s.put(outputs, values)
+            }
+        ))
     }
 
     /// `a @ b` with a pointwise epilogue over the product and `extras` (`fused::matmul_fused`).
@@ -425,10 +492,61 @@ impl Slots {
         F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
         G: Fn([f32; N]) -> [f32; M] + Sync + Copy,
     {
-        with_body!(body, |body| self.step(|s| {
+        let node = outputs.first().copied().unwrap_or(0);
+        let flops = |s: &Slots| s.product_flops(a, shape);
+        with_body!(body, |body| self.timed("matmul_fused", node, flops, |s| {
             let [a, b] = s.refs([a, b])?;
             let regions = s.regions(outputs, [shape.iter().product(); M]);
             let values = fused::matmul_fused(a, b, s.refs(extras)?, shape, regions, body)?;
+            s.put(outputs, values)
+        }))
+    }
+
+    /// [`Slots::matmul_fused`] for a group of shape `group_shape` that read the product of
+    /// shape `shape` through a reshape (same elements in the same order): inputs of the
+    /// group's shape are read reshaped to the product's, row broadcasts as their last axis,
+    /// and the outputs take the group's shape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_fused_as<const N: usize, const E: usize, const M: usize, F, G>(
+        &mut self,
+        a: usize,
+        b: usize,
+        extras: [usize; E],
+        outputs: [usize; M],
+        shape: &[usize],
+        group_shape: &[usize],
+        body: Kernel<F, G>,
+    ) where
+        F: Fn([f32; N]) -> [f32; M] + Sync + Copy,
+        G: Fn([f32; N]) -> [f32; M] + Sync + Copy,
+    {
+        let node = outputs.first().copied().unwrap_or(0);
+        let flops = |s: &Slots| s.product_flops(a, shape);
+        with_body!(body, |body| self.timed("matmul_fused", node, flops, |s| {
+            let [a, b] = s.refs([a, b])?;
+            let mut reshaped: smallvec::SmallVec<[Tensor; 4]> = smallvec::SmallVec::new();
+            for t in s.refs(extras)? {
+                reshaped.push(if t.shape() == group_shape {
+                    t.reshape(shape)?
+                } else {
+                    let last = t.shape().last().copied().unwrap_or(1);
+                    t.reshape(&[last])?
+                });
+            }
+            let extra_refs: [&Tensor; E] = std::array::from_fn(|k| &reshaped[k]);
+            let regions = s.regions(outputs, [shape.iter().product(); M]);
+            let values = fused::matmul_fused(a, b, extra_refs, shape, regions, body)?;
+            let mut failed = None;
+            let values = values.map(|v| match v.reshape(group_shape) {
+                Ok(shaped) => shaped,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    v
+                }
+            });
+            if let Some(e) = failed {
+                return Err(e);
+            }
             s.put(outputs, values)
         }))
     }
@@ -442,7 +560,9 @@ impl Slots {
         product_shape: &[usize],
         sums_shape: &[usize],
     ) {
-        self.step(|s| {
+        let node = outputs[0];
+        let flops = |s: &Slots| s.product_flops(a, product_shape);
+        self.timed("matmul_row_sums", node, flops, |s| {
             let [a, b] = s.refs([a, b])?;
             let values = fused::matmul_row_sums(a, b, product_shape, sums_shape)?;
             s.put(outputs, values)

@@ -42,10 +42,10 @@ pub fn train_step<M: Model, O: Optimizer>(
         )));
     }
     if let Some(max_norm) = clip {
-        clip_grad_norm(&mut grads, max_norm)?;
+        crate::profile::time("clip_grad_norm", || clip_grad_norm(&mut grads, max_norm))?;
     }
     optimizer.set_lr(lr);
-    optimizer.step(model, &grads)?;
+    crate::profile::time("optimizer step", || optimizer.step(model, &grads))?;
     Ok(loss)
 }
 
@@ -76,10 +76,10 @@ pub fn train_step_scaled<M: Model, O: Optimizer>(
         return Ok((loss, false));
     }
     if let Some(max_norm) = clip {
-        clip_grad_norm(&mut grads, max_norm)?;
+        crate::profile::time("clip_grad_norm", || clip_grad_norm(&mut grads, max_norm))?;
     }
     optimizer.set_lr(lr);
-    optimizer.step(model, &grads)?;
+    crate::profile::time("optimizer step", || optimizer.step(model, &grads))?;
     Ok((loss, true))
 }
 

@@ -540,6 +540,7 @@ fn emit_fn(
                 let __ops = &__f.graph.nodes;
                 let __cast = __ctx.rounding();
                 let mut __s = #fwd_slots;
+                __s.describe(__f, "forward");
                 if __ctx.fusion() {
                     #fwd_fused
                 } else {
@@ -605,6 +606,7 @@ fn emit_fn(
                 let __ops = &__f.graph.nodes;
                     let __cast = __ctx.rounding();
                     let mut __s = #all_slots;
+                    __s.describe(__f, "and_grads");
                     if __ctx.fusion() {
                         #all_fused
                     } else {

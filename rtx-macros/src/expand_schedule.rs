@@ -293,11 +293,13 @@ fn fused_in_place(
 
 /// A matmul with its pointwise epilogue: one closure over the product's element and the
 /// group's other inputs, run on each block of the product.
+/// A group of another shape than the product's (it read the product through a reshape) gets
+/// its outputs in its own shape (`Slots::matmul_fused_as`).
 fn matmul_epilogue(
     w: &mut StepText,
     kernels: &mut Kernels,
     ir: &GraphFn,
-    matmul: NodeId,
+    (matmul, shape_of): (NodeId, NodeId),
     inputs: &[NodeId],
     body: &[Instr],
     outputs: &[NodeId],
@@ -307,9 +309,16 @@ fn matmul_epilogue(
     let closure = pointwise_closure(kernels, inputs.len(), body, outputs);
     let shape = w.shape(ir, matmul);
     let (extras, outs) = (list(&inputs[1..]), list(outputs));
-    w.line(format!(
-        "__s.matmul_fused({a}, {b}, [{extras}], [{outs}], {shape}, {closure});"
-    ));
+    if ir.graph.node(shape_of).shape == ir.graph.node(matmul).shape {
+        w.line(format!(
+            "__s.matmul_fused({a}, {b}, [{extras}], [{outs}], {shape}, {closure});"
+        ));
+    } else {
+        let group_shape = w.shape(ir, shape_of);
+        w.line(format!(
+            "__s.matmul_fused_as({a}, {b}, [{extras}], [{outs}], {shape}, {group_shape}, {closure});"
+        ));
+    }
 }
 
 /// A weight gradient and its bias gradient from one GEMM (`Step::MatMulRowSums`).
@@ -473,11 +482,19 @@ fn schedule_inner(
             } => rows(kernels, ir, *shape_of, inputs, body, outputs, &mut w),
             Step::MatMulEpilogue {
                 matmul,
+                shape_of,
                 inputs,
                 body,
                 outputs,
-                ..
-            } => matmul_epilogue(&mut w, kernels, ir, *matmul, inputs, body, outputs),
+            } => matmul_epilogue(
+                &mut w,
+                kernels,
+                ir,
+                (*matmul, *shape_of),
+                inputs,
+                body,
+                outputs,
+            ),
             Step::MatMulRowSums { matmul, sums } => matmul_row_sums(&mut w, ir, *matmul, *sums),
         }
         let dead: Vec<NodeId> = dead

@@ -198,12 +198,18 @@ pub(super) fn gemm_shapes() -> Result<()> {
     rtx_core::parallel::run(usize::MAX, gemm_shapes_in_pool)
 }
 
-/// `(m, k, n)` of `gemm_shapes`.
-const GEMM_SHAPES: [(usize, usize, usize); 4] = [
+/// `(m, k, n)` of `gemm_shapes`; the last four are the GPT step's (batch 32 x context 64 =
+/// 2048 rows, width 128, MLP 512): a projection, the MLP's down projection, and two weight
+/// gradients (`tn` is theirs).
+const GEMM_SHAPES: [(usize, usize, usize); 8] = [
     (256, 64, 128),
     (256, 128, 10),
     (256, 1024, 1024),
     (1024, 128, 512),
+    (2048, 128, 128),
+    (2048, 512, 128),
+    (128, 2048, 512),
+    (512, 2048, 128),
 ];
 
 fn gemm_shapes_in_pool() -> Result<()> {
@@ -251,6 +257,26 @@ fn gemm_shapes_in_pool() -> Result<()> {
                     .timing(&timing)
                     .field("gflops", format!("{gflops:.1}"))
             );
+            if form == "tn" {
+                // A weight gradient with its bias gradient: the row sums ride on packing.
+                let timing = measure(plan, || {
+                    let (product, sums, _) = cpu::matmul_row_sums(&a, &la, &b, &lb)?;
+                    give_back(black_box(product));
+                    give_back(black_box(sums));
+                    Ok(())
+                })?;
+                let gflops = flops / (timing.median_us() * 1e-6) / 1e9;
+                println!(
+                    "{}",
+                    Line::new("gemm_shape")
+                        .field("m", m)
+                        .field("k", k)
+                        .field("n", n)
+                        .field("op", "tn_row_sums")
+                        .timing(&timing)
+                        .field("gflops", format!("{gflops:.1}"))
+                );
+            }
         }
     }
     Ok(())

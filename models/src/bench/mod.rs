@@ -91,6 +91,8 @@ fn measure(plan: Plan, mut work: impl FnMut() -> Result<()>) -> Result<Timing> {
         work()?;
         warmed += 1;
     }
+    // With `RTX_PROFILE=1` the step table covers the timed iterations only.
+    rtx_core::profile::reset();
     let started = Instant::now();
     let mut samples_us = Vec::with_capacity(plan.iters);
     while samples_us.len() < plan.iters.max(MIN_ITERS) {
@@ -100,6 +102,10 @@ fn measure(plan: Plan, mut work: impl FnMut() -> Result<()>) -> Result<Timing> {
         if samples_us.len() >= MIN_ITERS && started.elapsed() >= plan.budget {
             break;
         }
+    }
+    if let Some(table) = rtx_core::profile::report(samples_us.len() as u64) {
+        eprintln!("{table}");
+        rtx_core::profile::reset();
     }
     Ok(Timing { samples_us })
 }

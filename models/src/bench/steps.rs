@@ -127,6 +127,7 @@ pub(super) fn mlp_forward() -> Result<()> {
 /// update, as `models train --model gpt` runs it. Also prints tokens per second.
 pub(super) fn gpt_step() -> Result<()> {
     use crate::gpt::{CONTEXT, Gpt};
+    use rtx_core::profile;
     use rtx_core::schedule::clip_grad_norm;
     let plan = Plan::new(3, 30, 6_000);
     let batch = 32;
@@ -149,8 +150,8 @@ pub(super) fn gpt_step() -> Result<()> {
     let mut ctx = Ctx::train(0);
     let timing = measure(plan, || {
         let (loss, mut grads) = model.loss_and_grads(&mut ctx, &x, &y)?;
-        clip_grad_norm(&mut grads, 1.0)?;
-        opt.step(&mut model, &grads)?;
+        profile::time("clip_grad_norm", || clip_grad_norm(&mut grads, 1.0))?;
+        profile::time("optimizer step", || opt.step(&mut model, &grads))?;
         black_box(loss);
         Ok(())
     })?;

@@ -33,6 +33,38 @@ pub(super) fn fuse_epilogues(graph: &Graph, steps: Vec<Step>, roots: &[NodeId]) 
             && readers[id] == 1
             && node.shape == graph.node(shape_of).shape
     };
+    // A `Linear` on `[B, T, IN]` is a 2-D product reshaped back to `[B, T, OUT]`; a group of
+    // that shape reading the reshape (an activation's gradient, say) runs on the product's
+    // tiles all the same, since a row-major reshape keeps every element's position, provided
+    // each of its other inputs is either of the group's full shape (the kernel reads it
+    // reshaped to the product's) or a row broadcast along every axis but the last.
+    let through_reshape = |id: NodeId, shape_of: NodeId, inputs: &[NodeId]| {
+        let node = graph.node(id);
+        let group_shape = &graph.node(shape_of).shape;
+        if !matches!(node.op, Op::Reshape { .. }) || readers[id] != 1 || node.shape != *group_shape
+        {
+            return None;
+        }
+        let matmul = *node.args.first()?;
+        let product = graph.node(matmul);
+        let others_fit = inputs.iter().filter(|&&i| i != id).all(|&i| {
+            let shape = &graph.node(i).shape;
+            let leading_ones =
+                shape.len() <= 1 || shape[..shape.len() - 1].iter().all(|d| d.is_one());
+            shape == group_shape
+                || (leading_ones
+                    && shape
+                        .last()
+                        .is_none_or(|d| d.is_one() || Some(d) == group_shape.last()))
+        });
+        let fits = matches!(product.op, Op::MatMul)
+            && product.dtype == DType::F32
+            && readers[matmul] == 1
+            && product.shape.len() == 2
+            && product.shape.last() == group_shape.last()
+            && others_fit;
+        fits.then_some(matmul)
+    };
     let mut absorbed = Vec::new();
     let mut out: Vec<Step> = steps
         .into_iter()
@@ -42,10 +74,16 @@ pub(super) fn fuse_epilogues(graph: &Graph, steps: Vec<Step>, roots: &[NodeId]) 
                 mut inputs,
                 mut body,
                 outputs,
-            } => match inputs.iter().position(|&i| absorbable(i, shape_of)) {
-                Some(k) => {
+            } => match inputs.iter().enumerate().find_map(|(k, &i)| {
+                if absorbable(i, shape_of) {
+                    Some((k, i, None))
+                } else {
+                    through_reshape(i, shape_of, &inputs).map(|m| (k, m, Some(i)))
+                }
+            }) {
+                Some((k, matmul, reshape)) => {
                     // The matmul becomes input 0 (the accumulator); renumber the others.
-                    let matmul = inputs.remove(k);
+                    inputs.remove(k);
                     inputs.insert(0, matmul);
                     let renumber = |i: usize| match i.cmp(&k) {
                         std::cmp::Ordering::Equal => 0,
@@ -60,6 +98,7 @@ pub(super) fn fuse_epilogues(graph: &Graph, steps: Vec<Step>, roots: &[NodeId]) 
                         }
                     }
                     absorbed.push(matmul);
+                    absorbed.extend(reshape);
                     Step::MatMulEpilogue {
                         matmul,
                         shape_of,

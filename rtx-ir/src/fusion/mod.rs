@@ -201,9 +201,11 @@ pub enum Step {
         body: Vec<Instr>,
         outputs: Vec<NodeId>,
     },
-    /// A matmul whose only reader is a pointwise group of its shape: the group's body runs on
-    /// each tile of the product while it is in cache (`inputs[0]` is the matmul, read from the
-    /// accumulator; the other inputs are read at the same position).
+    /// A matmul whose only reader is a pointwise group of its shape, or a reshape of it that
+    /// only such a group reads (`shape_of` then has the group's shape, of the same elements
+    /// in the same order): the group's body runs on each tile of the product while it is in
+    /// cache (`inputs[0]` is the matmul, read from the accumulator; the other inputs are read
+    /// at the same position).
     MatMulEpilogue {
         matmul: NodeId,
         shape_of: NodeId,
@@ -485,6 +487,50 @@ mod tests {
             &steps[1],
             Step::MatMulEpilogue { matmul, inputs, .. } if *matmul == m && inputs == &[m, t]
         ));
+    }
+
+    #[test]
+    fn a_group_reading_a_reshaped_product_runs_as_its_epilogue() {
+        // m = x @ w : [6, 4]; r = reshape(m) to [2, 3, 4]; y = r * v + b (v of the group's
+        // shape, b a row): the reshape moves no element, so y runs on m's tiles.
+        let (mut g, mut u) = (Graph::default(), Unifier::default());
+        let x = input(&mut g, &mut u, 0, &[6, 5]);
+        let w = input(&mut g, &mut u, 1, &[5, 4]);
+        let v = input(&mut g, &mut u, 2, &[2, 3, 4]);
+        let b = input(&mut g, &mut u, 3, &[4]);
+        let m = g.push(Op::MatMul, &[x, w], &mut u).unwrap();
+        let shape = [2, 3, 4].iter().map(|&d| Dim::known(d)).collect();
+        let r = g.push(Op::Reshape { shape }, &[m], &mut u).unwrap();
+        let p = g.push(Op::Mul, &[r, v], &mut u).unwrap();
+        let y = g.push(Op::Add, &[p, b], &mut u).unwrap();
+
+        let steps = plan(&g, g.len(), &[y]);
+
+        assert_eq!(steps.len(), 1, "{steps:?}");
+        assert!(matches!(
+            &steps[0],
+            Step::MatMulEpilogue { matmul, inputs, shape_of, .. }
+                if *matmul == m && inputs[0] == m && g.node(*shape_of).shape == g.node(r).shape
+        ));
+    }
+
+    #[test]
+    fn a_reshaped_product_with_an_operand_broadcast_over_leading_axes_keeps_its_kernel() {
+        // v : [3, 4] broadcasts over the first axis of [2, 3, 4], which the product's
+        // [6, 4] rows cannot express as a stride: the reshape stays a kernel.
+        let (mut g, mut u) = (Graph::default(), Unifier::default());
+        let x = input(&mut g, &mut u, 0, &[6, 5]);
+        let w = input(&mut g, &mut u, 1, &[5, 4]);
+        let v = input(&mut g, &mut u, 2, &[3, 4]);
+        let m = g.push(Op::MatMul, &[x, w], &mut u).unwrap();
+        let shape = [2, 3, 4].iter().map(|&d| Dim::known(d)).collect();
+        let r = g.push(Op::Reshape { shape }, &[m], &mut u).unwrap();
+        let y = g.push(Op::Mul, &[r, v], &mut u).unwrap();
+
+        let steps = plan(&g, g.len(), &[y]);
+
+        assert!(steps.contains(&Step::Kernel(m)), "{steps:?}");
+        assert!(steps.contains(&Step::Kernel(r)), "{steps:?}");
     }
 
     #[test]
