@@ -3,6 +3,7 @@
 
 pub mod ast;
 pub mod ctxt;
+pub mod impl_input;
 mod library_call;
 pub mod lower;
 mod repeat;
