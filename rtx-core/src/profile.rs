@@ -29,6 +29,9 @@ static TABLE: Mutex<Option<HashMap<Key, Entry>>> = Mutex::new(None);
 type Key = (usize, &'static str, &'static str, usize);
 
 struct Entry {
+    /// The row of the summary it adds to: step kind, pass and op (`matmul_fused bwd
+    /// matmul+add`), or the name of a timed region.
+    group: String,
     label: String,
     calls: u64,
     nanos: u128,
@@ -73,7 +76,7 @@ pub(crate) fn record_step(
     let (addr, call) = f.map_or((0, ""), |(f, call)| (f as *const GraphFn as usize, call));
     add((addr, call, kind, node), elapsed, flops, || match f {
         Some((f, call)) => step_label(f, call, kind, node),
-        None => format!("node {node}"),
+        None => (kind.to_string(), format!("node {node}")),
     });
 }
 
@@ -84,29 +87,37 @@ pub fn time<T>(name: &'static str, work: impl FnOnce() -> T) -> T {
     }
     let start = std::time::Instant::now();
     let value = work();
-    add((0, "", name, 0), start.elapsed(), 0, String::new);
+    add((0, "", name, 0), start.elapsed(), 0, || {
+        (name.to_string(), String::new())
+    });
     value
 }
 
-fn add(key: Key, elapsed: Duration, flops: u64, label: impl FnOnce() -> String) {
+/// `label` gives the entry's summary group and its label, the first time `key` is seen.
+fn add(key: Key, elapsed: Duration, flops: u64, label: impl FnOnce() -> (String, String)) {
     let Ok(mut table) = TABLE.lock() else { return };
     let entry = table
         .get_or_insert_with(HashMap::new)
         .entry(key)
-        .or_insert_with(|| Entry {
-            label: label(),
-            calls: 0,
-            nanos: 0,
-            flops: 0,
+        .or_insert_with(|| {
+            let (group, label) = label();
+            Entry {
+                group,
+                label,
+                calls: 0,
+                nanos: 0,
+                flops: 0,
+            }
         });
     entry.calls += 1;
     entry.nanos += elapsed.as_nanos();
     entry.flops += flops;
 }
 
-/// "fwd MatMul [2048, 384] (loss_and_grads)": the pass, the node's op and shape, the call.
-/// A GEMM step with an epilogue is labelled by its last op (`matmul+add`).
-fn step_label(f: &GraphFn, call: &str, kind: &str, node: usize) -> String {
+/// The summary group (`kernel fwd matmul`) and label (`fwd matmul [2048, 384]
+/// (loss_and_grads)`: the pass, the node's op and shape, the call) of a step. A GEMM step
+/// with an epilogue is named by its last op (`matmul+add`).
+fn step_label(f: &GraphFn, call: &str, kind: &str, node: usize) -> (String, String) {
     let call = match call {
         "and_grads" => format!("{}_and_grads", f.name),
         _ => f.name.clone(),
@@ -120,9 +131,12 @@ fn step_label(f: &GraphFn, call: &str, kind: &str, node: usize) -> String {
             } else {
                 name.to_string()
             };
-            format!("{pass} {op} {} ({call})", rtx_ir::fmt_shape(&n.shape))
+            (
+                format!("{kind} {pass} {op}"),
+                format!("{pass} {op} {} ({call})", rtx_ir::fmt_shape(&n.shape)),
+            )
         }
-        None => format!("{pass} node {node} ({call})"),
+        None => (kind.to_string(), format!("{pass} node {node} ({call})")),
     }
 }
 
@@ -157,14 +171,8 @@ pub fn report(per: u64) -> Option<String> {
     );
     let _ = writeln!(out, "\nby kind and op:");
     let mut groups: HashMap<String, (u128, u64, u64)> = HashMap::new();
-    for ((_, _, kind, _), e) in &rows {
-        let op = e.label.split_whitespace().nth(1).unwrap_or("");
-        let pass = e.label.split_whitespace().next().unwrap_or("");
-        let name = match op {
-            "" => kind.to_string(),
-            _ => format!("{kind} {pass} {op}"),
-        };
-        let g = groups.entry(name).or_default();
+    for (_, e) in &rows {
+        let g = groups.entry(e.group.clone()).or_default();
         g.0 += e.nanos;
         g.1 += e.calls;
         g.2 += e.flops;

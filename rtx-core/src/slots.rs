@@ -289,9 +289,8 @@ impl Slots {
         shape: &[usize],
         ctx: &mut Ctx,
     ) {
-        let is_product = matches!(ops.get(id).map(|n| &n.op), Some(Op::MatMul));
-        let flops = |s: &Slots| match (is_product, args.first()) {
-            (true, Some(&a)) => s.product_flops(a, shape),
+        let flops = |s: &Slots| match (ops.get(id).map(|n| &n.op), args.first()) {
+            (Some(Op::MatMul), Some(&a)) => s.product_flops(a, shape),
             _ => 0,
         };
         self.timed("kernel", id, flops, |s| {
