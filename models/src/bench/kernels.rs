@@ -345,3 +345,55 @@ pub(super) fn gemm_f16() -> Result<()> {
         &[],
     )
 }
+
+/// The GPT's causal attention alone, forward and backward, on its head split: q, k and v
+/// `[32, 4, 64, 32]` read as permuted views of `[B, T, H, D]` rows, as `split_heads` gives
+/// them. GFLOP/s count the products a causal pass needs (half the `T x T` scores, two products
+/// forward, five backward with the recomputed scores).
+pub(super) fn attention() -> Result<()> {
+    rtx_core::parallel::run(usize::MAX, attention_in_pool)
+}
+
+fn attention_in_pool() -> Result<()> {
+    use rtx_backends::{Layout, cpu, pool::give_back};
+    let (b, h, t, d) = (32, 4, 64, 32);
+    let mut rng = Rng::new(11);
+    let heads = Layout::contiguous(&[b, t, h, d]).permute(&[0, 2, 1, 3]);
+    let q = normal_vec(&mut rng, b * t * h * d);
+    let k = normal_vec(&mut rng, b * t * h * d);
+    let v = normal_vec(&mut rng, b * t * h * d);
+    let g = normal_vec(&mut rng, b * t * h * d);
+    let contiguous = Layout::contiguous(&[b, h, t, d]);
+    let product = (b * h * t * t * d) as f64; // multiply-adds of one full product, x2 flops, /2 causal
+    let plan = Plan::new(20, 300, 1_500);
+    let report = |op: &str, products: f64, timing: &Timing| {
+        let gflops = products * product / (timing.median_us() * 1e-6) / 1e9;
+        println!(
+            "{}",
+            Line::new("attention")
+                .field("shape", format!("{b}x{h}x{t}x{d}"))
+                .field("op", op)
+                .timing(timing)
+                .field("gflops", format!("{gflops:.1}"))
+        );
+    };
+    let forward = measure(plan, || {
+        let (out, _) = cpu::attention((&q, &heads), (&k, &heads), (&v, &heads), true)?;
+        give_back(black_box(out));
+        Ok(())
+    })?;
+    report("forward", 2.0, &forward);
+    let backward = measure(plan, || {
+        let (out, _) = cpu::attention_grad(
+            (&q, &heads),
+            (&k, &heads),
+            (&v, &heads),
+            (&g, &contiguous),
+            true,
+        )?;
+        give_back(black_box(out));
+        Ok(())
+    })?;
+    report("backward", 5.0, &backward);
+    Ok(())
+}

@@ -12,7 +12,7 @@ mod kernels;
 mod memory;
 mod steps;
 
-use kernels::{cnn_layers, elementwise_chain, gemm, gemm_bf16, gemm_f16, gemm_shapes};
+use kernels::{attention, cnn_layers, elementwise_chain, gemm, gemm_bf16, gemm_f16, gemm_shapes};
 use memory::memory;
 use rtx_core::prelude::*;
 use std::fmt;
@@ -203,6 +203,10 @@ const GROUPS: &[Group] = &[
     Group {
         names: &["gemm_shape"],
         run: gemm_shapes,
+    },
+    Group {
+        names: &["attention"],
+        run: attention,
     },
 ];
 

@@ -24,6 +24,13 @@ use slice::{backward_slice, forward_slice};
 /// stay in registers.
 const KEY_BLOCK: usize = 32;
 
+/// Whether score tiles are a whole key block wide (AVX-512's 32 registers hold `ROWS x
+/// KEY_BLOCK` sums and their operands) or half of one (AVX2 and narrower, where a whole block
+/// spilled to the stack). Only the speed depends on it: each score sums in order either way.
+fn wide_tiles() -> bool {
+    super::simd::simd_level() == super::simd::SimdLevel::Avx512
+}
+
 /// One operand seen as `slices` matrices of `rows x cols` with unit column stride.
 struct Rows<'a> {
     data: Cow<'a, [f32]>,
@@ -212,6 +219,7 @@ pub fn attention_into<B: AsMut<[f32]>>(
         return Ok((buffer, shape));
     }
     let every = Slice::first(&q, &k, &v, causal);
+    let wide_tiles = wide_tiles();
     out.par_chunks_mut(tq * dv)
         .enumerate()
         .for_each(|(s, out)| {
@@ -219,10 +227,17 @@ pub fn attention_into<B: AsMut<[f32]>>(
                 let a = Slice { s, ..every };
                 // Inlined into `widest`'s copy for the CPU's vector width (a closure
                 // left as a call of its own was compiled for the baseline).
-                super::simd::widest(
-                    #[inline(always)]
-                    || forward_slice(&a, w, out),
-                )
+                if wide_tiles {
+                    super::simd::widest(
+                        #[inline(always)]
+                        || forward_slice::<KEY_BLOCK>(&a, w, out),
+                    )
+                } else {
+                    super::simd::widest(
+                        #[inline(always)]
+                        || forward_slice::<{ KEY_BLOCK / 2 }>(&a, w, out),
+                    )
+                }
             })
         });
     Ok((buffer, shape))
@@ -288,6 +303,7 @@ pub fn attention_grad_into<B: AsMut<[f32]>>(
         return Ok((buffer, shape));
     }
     let every = Slice::first(&q, &k, &v, causal);
+    let wide_tiles = wide_tiles();
     let (dq, rest) = out.split_at_mut(part);
     let (dk, dv) = rest.split_at_mut(part);
     dq.par_chunks_mut(t * d)
@@ -297,10 +313,17 @@ pub fn attention_grad_into<B: AsMut<[f32]>>(
         .for_each(|(s, ((dq, dk), dv))| {
             with_scratch(|w| {
                 let a = Slice { s, ..every };
-                super::simd::widest(
-                    #[inline(always)]
-                    || backward_slice(&a, w, &g, (dq, dk, dv)),
-                )
+                if wide_tiles {
+                    super::simd::widest(
+                        #[inline(always)]
+                        || backward_slice::<KEY_BLOCK>(&a, w, &g, (dq, dk, dv)),
+                    )
+                } else {
+                    super::simd::widest(
+                        #[inline(always)]
+                        || backward_slice::<{ KEY_BLOCK / 2 }>(&a, w, &g, (dq, dk, dv)),
+                    )
+                }
             })
         });
     Ok((buffer, shape))

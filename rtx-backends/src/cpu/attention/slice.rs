@@ -10,7 +10,7 @@
 //! adds nothing.
 
 use super::{KEY_BLOCK, Rows, Scratch, Slice};
-use crate::cpu::scalar::exp;
+use crate::cpu::scalar::exp_fused as exp;
 
 /// Query rows per register tile: `ROWS x KEY_BLOCK` scores are 8 AVX-512 (or 16 AVX2)
 /// registers, a value block's `ROWS x LANES` partial outputs 4 (or 8).
@@ -52,11 +52,11 @@ fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
     let (ta, tb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
         for ((l, &x), &y) in lanes.iter_mut().zip(x).zip(y) {
-            *l += x * y;
+            *l = x.mul_add(y, *l);
         }
     }
     for ((l, &x), &y) in lanes.iter_mut().zip(ta).zip(tb) {
-        *l += x * y;
+        *l = x.mul_add(y, *l);
     }
     lane_sum(&lanes)
 }
@@ -123,7 +123,7 @@ fn tile<const R: usize, const W: usize>(
         for (i, s) in s.iter_mut().enumerate() {
             let x = a[i * ai + e * ae];
             for (o, &y) in s.iter_mut().zip(b) {
-                *o += x * y;
+                *o = x.mul_add(y, *o);
             }
         }
     }
@@ -131,16 +131,25 @@ fn tile<const R: usize, const W: usize>(
 }
 
 /// `s[r][j] = sum over e of a[r][e] * bt[e][start + j]` for `R` rows of `a` (`R x d`,
-/// contiguous) and one block of columns of `bt` (`d x stride`), each sum in order of `e`.
+/// contiguous) and one block of columns of `bt` (`d x stride`), each sum in order of `e`, in
+/// register tiles `KW` columns wide (`R x KW` sums must fit the vector registers with room for
+/// the operands: 16 columns for AVX2's sixteen 256-bit registers, 32 for AVX-512's).
 #[inline(always)]
-fn block_products<const R: usize>(
+fn block_products<const R: usize, const KW: usize>(
     a: &[f32],
     d: usize,
     bt: &[f32],
     stride: usize,
     start: usize,
 ) -> [[f32; KEY_BLOCK]; R] {
-    tile::<R, KEY_BLOCK>((a, d, 1), d, (bt, stride, start))
+    let mut s = [[0.0f32; KEY_BLOCK]; R];
+    for c in (0..KEY_BLOCK).step_by(KW) {
+        let t = tile::<R, KW>((a, d, 1), d, (bt, stride, start + c));
+        for (row, t) in s.iter_mut().zip(&t) {
+            row[c..c + KW].copy_from_slice(t);
+        }
+    }
+    s
 }
 
 /// `acc[r][c..c + W] += sum over j < n of p[r][j] * v[j][c..c + W]`: the block's sum in
@@ -211,7 +220,7 @@ impl SliceData<'_> {
 /// The output rows `first..first + R` (`Dv` each): for each block of keys, the group's
 /// scores, each row's online-softmax update, and the weighted value rows added.
 #[inline(always)]
-fn forward_rows<const R: usize>(
+fn forward_rows<const R: usize, const KW: usize>(
     x: &SliceData<'_>,
     (v, dv): (&[f32], usize),
     first: usize,
@@ -226,7 +235,7 @@ fn forward_rows<const R: usize>(
     let qs = &x.qs[first * x.d..(first + R) * x.d];
     for start in (0..end).step_by(KEY_BLOCK) {
         let n = (end - start).min(KEY_BLOCK);
-        let mut p = block_products::<R>(qs, x.d, x.kt, x.stride, start);
+        let mut p = block_products::<R, KW>(qs, x.d, x.kt, x.stride, start);
         for (r, row) in p.iter_mut().enumerate() {
             let seen = x.key_end(first + r).saturating_sub(start).min(KEY_BLOCK);
             row[seen..].fill(f32::NEG_INFINITY);
@@ -264,7 +273,7 @@ fn forward_rows<const R: usize>(
 
 /// The output rows of one slice (`Tq x Dv`).
 #[inline(always)]
-pub(super) fn forward_slice(a: &Slice<'_, '_>, w: &mut Scratch, out: &mut [f32]) {
+pub(super) fn forward_slice<const KW: usize>(a: &Slice<'_, '_>, w: &mut Scratch, out: &mut [f32]) {
     let (q, k, v) = (a.q, a.k, a.v);
     let (tq, tk, d, dv) = (q.rows, k.rows, q.cols, v.cols);
     q.slice_into(a.s, &mut w.q);
@@ -284,11 +293,11 @@ pub(super) fn forward_slice(a: &Slice<'_, '_>, w: &mut Scratch, out: &mut [f32])
     };
     let mut first = 0;
     while first + ROWS <= tq {
-        forward_rows::<ROWS>(&x, (&w.v, dv), first, &mut w.acc, out);
+        forward_rows::<ROWS, KW>(&x, (&w.v, dv), first, &mut w.acc, out);
         first += ROWS;
     }
     while first < tq {
-        forward_rows::<1>(&x, (&w.v, dv), first, &mut w.acc, out);
+        forward_rows::<1, KW>(&x, (&w.v, dv), first, &mut w.acc, out);
         first += 1;
     }
 }
@@ -374,7 +383,7 @@ fn dkv_cols<const W: usize>(
 /// their gradients `ds` into `dp` (both zero from each row's last key to `width`), and
 /// these rows' dq.
 #[inline(always)]
-fn backward_rows<const R: usize>(
+fn backward_rows<const R: usize, const KW: usize>(
     x: &SliceData<'_>,
     y: &BackwardData<'_>,
     (first, at, width): (usize, usize, usize),
@@ -388,8 +397,8 @@ fn backward_rows<const R: usize>(
     let g = &y.g[first * d..(first + R) * d];
     let (p, dp) = (&mut p[at * stride..], &mut dp[at * stride..]);
     for start in (0..own).step_by(KEY_BLOCK) {
-        let s = block_products::<R>(qs, d, x.kt, stride, start);
-        let o = block_products::<R>(g, d, y.vt, stride, start);
+        let s = block_products::<R, KW>(qs, d, x.kt, stride, start);
+        let o = block_products::<R, KW>(g, d, y.vt, stride, start);
         for r in 0..R {
             p[r * stride + start..r * stride + start + KEY_BLOCK].copy_from_slice(&s[r]);
             dp[r * stride + start..r * stride + start + KEY_BLOCK].copy_from_slice(&o[r]);
@@ -427,7 +436,7 @@ fn backward_rows<const R: usize>(
 /// Query rows `first..first + rows`: their weights and weight gradients (groups of `ROWS`),
 /// their dq, and their contributions to dk and dv of every key they see.
 #[inline(always)]
-fn backward_chunk(
+fn backward_chunk<const KW: usize>(
     x: &SliceData<'_>,
     y: &BackwardData<'_>,
     (first, rows): (usize, usize),
@@ -439,11 +448,11 @@ fn backward_chunk(
     let width = padded(end);
     let mut r = 0;
     while r + ROWS <= rows {
-        backward_rows::<ROWS>(x, y, (first + r, r, width), (p, dp), dq);
+        backward_rows::<ROWS, KW>(x, y, (first + r, r, width), (p, dp), dq);
         r += ROWS;
     }
     while r < rows {
-        backward_rows::<1>(x, y, (first + r, r, width), (p, dp), dq);
+        backward_rows::<1, KW>(x, y, (first + r, r, width), (p, dp), dq);
         r += 1;
     }
     let (ds, p) = (&*dp, &*p);
@@ -470,7 +479,7 @@ fn backward_chunk(
 
 /// The q, k and v gradient rows of one slice (q, k and v of one shape `T x D`).
 #[inline(always)]
-pub(super) fn backward_slice(
+pub(super) fn backward_slice<const KW: usize>(
     a: &Slice<'_, '_>,
     w: &mut Scratch,
     g: &Rows<'_>,
@@ -506,6 +515,6 @@ pub(super) fn backward_slice(
     };
     for first in (0..t).step_by(QUERY_CHUNK) {
         let rows = QUERY_CHUNK.min(t - first);
-        backward_chunk(&x, &y, (first, rows), (&mut w.p, &mut w.dp), (dq, dk, dv));
+        backward_chunk::<KW>(&x, &y, (first, rows), (&mut w.p, &mut w.dp), (dq, dk, dv));
     }
 }
