@@ -243,35 +243,7 @@ pub fn sigmoid(x: f32) -> f32 {
 /// infinity, and NaN stays NaN.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
-    const LO: f32 = -104.0; // exp(LO) rounds to 0
-    const HI: f32 = 89.0; // exp(HI) overflows
-    // Comparisons, not `clamp`: NaN fails both and passes through.
-    let xc = if x < LO { LO } else { x };
-    let xc = if xc > HI { HI } else { xc };
-    let t = xc * std::f32::consts::LOG2_E + MAGIC;
-    let n = t - MAGIC;
-    let r = xc - n * 0.693_359_4 + n * 2.121_944_4e-4;
-    let p = 1.987_569_1e-4_f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 0.5;
-    let y = p * r * r + r + 1.0;
-    // n in [-150, 129]: 2^n as 2^half * 2^(n - half), each a normal float.
-    let n = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
-    let half = n >> 1;
-    let low = f32::from_bits((half.wrapping_add(127) << 23) as u32);
-    let high = f32::from_bits(((n - half).wrapping_add(127) << 23) as u32);
-    let v = y * low * high;
-    if x < LO {
-        0.0
-    } else if x > HI {
-        f32::INFINITY
-    } else {
-        v
-    }
+    exp_polynomial::<false>(x)
 }
 
 /// [`exp`] with its range reduction and polynomial in fused multiply-adds (`f32::mul_add`,
@@ -281,21 +253,37 @@ pub fn exp(x: f32) -> f32 {
 /// same at every SIMD level (without FMA, `mul_add` is a correctly rounded library call).
 #[inline(always)]
 pub fn exp_fused(x: f32) -> f32 {
+    exp_polynomial::<true>(x)
+}
+
+/// `a * b + c`, in one rounding (`FUSED`) or two.
+#[inline(always)]
+fn multiply_add<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FUSED { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// The body of [`exp`] (`FUSED` false) and [`exp_fused`]: one algorithm, its multiply-adds
+/// rounded once or twice.
+#[inline(always)]
+fn exp_polynomial<const FUSED: bool>(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
-    const LO: f32 = -104.0;
-    const HI: f32 = 89.0;
+    const LO: f32 = -104.0; // exp(LO) rounds to 0
+    const HI: f32 = 89.0; // exp(HI) overflows
+    let madd = multiply_add::<FUSED>;
+    // Comparisons, not `clamp`: NaN fails both and passes through.
     let xc = if x < LO { LO } else { x };
     let xc = if xc > HI { HI } else { xc };
-    let t = xc.mul_add(std::f32::consts::LOG2_E, MAGIC);
+    let t = madd(xc, std::f32::consts::LOG2_E, MAGIC);
     let n = t - MAGIC;
-    let r = n.mul_add(-0.693_359_4, xc);
-    let r = n.mul_add(2.121_944_4e-4, r);
-    let p = 1.987_569_1e-4_f32.mul_add(r, 1.398_199_9e-3);
-    let p = p.mul_add(r, 8.333_452e-3);
-    let p = p.mul_add(r, 4.166_579_6e-2);
-    let p = p.mul_add(r, 1.666_666_5e-1);
-    let p = p.mul_add(r, 0.5);
-    let y = (p * r).mul_add(r, r) + 1.0;
+    let r = madd(n, -0.693_359_4, xc);
+    let r = madd(n, 2.121_944_4e-4, r);
+    let p = madd(1.987_569_1e-4, r, 1.398_199_9e-3);
+    let p = madd(p, r, 8.333_452e-3);
+    let p = madd(p, r, 4.166_579_6e-2);
+    let p = madd(p, r, 1.666_666_5e-1);
+    let p = madd(p, r, 0.5);
+    let y = madd(p * r, r, r) + 1.0;
+    // n in [-150, 129]: 2^n as 2^half * 2^(n - half), each a normal float.
     let n = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
     let half = n >> 1;
     let low = f32::from_bits((half.wrapping_add(127) << 23) as u32);
@@ -481,13 +469,17 @@ mod tests {
 
     #[test]
     fn exp_is_within_2_ulp_of_f64_over_the_normal_range() {
+        assert_within_2_ulp_of_f64_exp("exp", exp);
+    }
+
+    fn assert_within_2_ulp_of_f64_exp(name: &str, f: fn(f32) -> f32) {
         let mut x = -87.3f32;
         while x < 88.7 {
             let want = (x as f64).exp();
-            let got = exp(x) as f64;
+            let got = f(x) as f64;
             assert!(
                 ((got - want) / want).abs() < 2.0 * f32::EPSILON as f64,
-                "exp({x}) = {got}, expected {want}"
+                "{name}({x}) = {got}, expected {want}"
             );
             x += 0.0137;
         }
@@ -495,16 +487,7 @@ mod tests {
 
     #[test]
     fn fused_exp_is_within_2_ulp_of_f64_and_keeps_the_ends_of_the_range() {
-        let mut x = -87.3f32;
-        while x < 88.7 {
-            let want = (x as f64).exp();
-            let got = exp_fused(x) as f64;
-            assert!(
-                ((got - want) / want).abs() < 2.0 * f32::EPSILON as f64,
-                "exp_fused({x}) = {got}, expected {want}"
-            );
-            x += 0.0137;
-        }
+        assert_within_2_ulp_of_f64_exp("exp_fused", exp_fused);
         assert_eq!(exp_fused(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_fused(-200.0), 0.0);
         assert_eq!(exp_fused(100.0), f32::INFINITY);
