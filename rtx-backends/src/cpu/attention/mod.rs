@@ -76,30 +76,41 @@ impl<'a> Rows<'a> {
         &self.layout.shape[..self.layout.shape.len() - 2]
     }
 
-    /// Slice `s` copied into `out` as contiguous `rows x cols` (a few KiB that then stay in
-    /// L1, read with unit stride however the operand is laid out).
-    fn slice_into(&self, s: usize, out: &mut Vec<f32>) {
+    /// Slice `s` in place: its data from the first row on and the distance between its rows
+    /// (`rows` rows of `cols` values). The kernels read q, k, v and g with that row stride, so
+    /// a head view of `[B, T, H, D]` costs no copy (copying four operands per slice row by
+    /// row, as 128-byte `memmove`s, was a tenth of the GPT's attention time).
+    fn slice(&self, s: usize) -> (&[f32], usize) {
         let r = self.layout.shape.len();
         let base =
             self.layout.offset + position(s, self.batch_shape(), &self.layout.strides[..r - 2]);
-        let row_stride = self.layout.strides[r - 2];
+        (
+            &self.data[base.min(self.data.len())..],
+            self.layout.strides[r - 2],
+        )
+    }
+
+    /// Slice `s` copied into `out` as contiguous `rows x cols`, returned as [`Rows::slice`]
+    /// returns it in place. The backward pass reads q, k and g over and over: in place, rows
+    /// a power of two apart (a head view's 512 bytes) fall into a few L1 sets and evict each
+    /// other, which made it 5% slower than copying them first.
+    fn slice_into<'o>(&self, s: usize, out: &'o mut Vec<f32>) -> (&'o [f32], usize) {
+        let (data, stride) = self.slice(s);
         out.clear();
         for i in 0..self.rows {
-            let at = base + i * row_stride;
-            out.extend_from_slice(&self.data[at..at + self.cols]);
+            out.extend_from_slice(&data[i * stride..i * stride + self.cols]);
         }
+        (out, self.cols)
     }
 }
 
-/// Per-task buffers: the slice's q (also scaled by 1/sqrt(D)), k, v (and g) rows, k and v
+/// Per-task buffers: the backward pass's q, k and g rows, k (scaled by 1/sqrt(D)) and v
 /// transposed with zero columns up to a whole number of key blocks, the weights (and their
-/// gradients) of one group of query rows, and its partial outputs.
+/// gradients) of one chunk of query rows, and a group's partial outputs.
 #[derive(Default)]
 struct Scratch {
     q: Vec<f32>,
-    qs: Vec<f32>,
     k: Vec<f32>,
-    v: Vec<f32>,
     g: Vec<f32>,
     kt: Vec<f32>,
     vt: Vec<f32>,
@@ -110,7 +121,7 @@ struct Scratch {
 
 thread_local! {
     /// Each thread's [`Scratch`], kept between calls: rayon's `for_each_init` makes a fresh
-    /// one per task it splits off, and their ten growing vectors were a GPT step's only
+    /// one per task it splits off, and their growing vectors were a GPT step's only
     /// allocations after the first (hundreds per step).
     static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::default();
 }

@@ -86,22 +86,24 @@ fn padded(rows: usize) -> usize {
     rows.div_ceil(KEY_BLOCK) * KEY_BLOCK
 }
 
-/// `m` (`rows x cols`, contiguous) transposed into `t` (`cols x stride`), zero in the columns
-/// from `rows` on, so a block of keys is always `KEY_BLOCK` wide.
-fn transpose_padded(m: &[f32], rows: usize, cols: usize, stride: usize, t: &mut Vec<f32>) {
-    t.clear();
+/// `scale * m` transposed into `t` (`cols x stride`), where `m` holds `rows` rows of `cols`
+/// values `rs` apart, with zeros in the columns from `rows` on, so a block of keys is always
+/// `KEY_BLOCK` wide. Scaling the keys here, not the queries, lets q be read in place.
+#[inline(always)]
+fn transpose_padded(
+    (m, rs): (&[f32], usize),
+    (rows, cols): (usize, usize),
+    scale: f32,
+    stride: usize,
+    t: &mut Vec<f32>,
+) {
     t.resize(cols * stride, 0.0);
-    for (j, row) in m.chunks_exact(cols).take(rows).enumerate() {
-        for (c, &x) in row.iter().enumerate() {
-            t[c * stride + j] = x;
+    for (c, col) in t.chunks_exact_mut(stride).enumerate() {
+        for (j, o) in col[..rows].iter_mut().enumerate() {
+            *o = m[j * rs + c] * scale;
         }
+        col[rows..].fill(0.0);
     }
-}
-
-/// `out = m * scale`, elementwise.
-fn scaled_into(m: &[f32], scale: f32, out: &mut Vec<f32>) {
-    out.clear();
-    out.extend(m.iter().map(|&x| x * scale));
 }
 
 /// One register tile of a small product, for `i < R` and `l < W`:
@@ -130,13 +132,13 @@ fn tile<const R: usize, const W: usize>(
     s
 }
 
-/// `s[r][j] = sum over e of a[r][e] * bt[e][start + j]` for `R` rows of `a` (`R x d`,
-/// contiguous) and one block of columns of `bt` (`d x stride`), each sum in order of `e`, in
+/// `s[r][j] = sum over e of a[r][e] * bt[e][start + j]` for `R` rows of `a` (`d` values
+/// each, `ar` apart) and one block of columns of `bt` (`d x stride`), each sum in order of `e`, in
 /// register tiles `KW` columns wide (`R x KW` sums must fit the vector registers with room for
 /// the operands: 16 columns for AVX2's sixteen 256-bit registers, 32 for AVX-512's).
 #[inline(always)]
 fn block_products<const R: usize, const KW: usize>(
-    a: &[f32],
+    (a, ar): (&[f32], usize),
     d: usize,
     bt: &[f32],
     stride: usize,
@@ -144,7 +146,7 @@ fn block_products<const R: usize, const KW: usize>(
 ) -> [[f32; KEY_BLOCK]; R] {
     let mut s = [[0.0f32; KEY_BLOCK]; R];
     for c in (0..KEY_BLOCK).step_by(KW) {
-        let t = tile::<R, KW>((a, d, 1), d, (bt, stride, start + c));
+        let t = tile::<R, KW>((a, ar, 1), d, (bt, stride, start + c));
         for (row, t) in s.iter_mut().zip(&t) {
             row[c..c + KW].copy_from_slice(t);
         }
@@ -158,13 +160,13 @@ fn block_products<const R: usize, const KW: usize>(
 fn add_weighted_cols<const R: usize, const W: usize>(
     p: &[[f32; KEY_BLOCK]; R],
     n: usize,
-    v: &[f32],
+    (v, vr): (&[f32], usize),
     dv: usize,
     c: usize,
     acc: &mut [f32],
 ) {
     let p = p.as_flattened();
-    let a = tile::<R, W>((p, KEY_BLOCK, 1), n.min(KEY_BLOCK), (v, dv, c));
+    let a = tile::<R, W>((p, KEY_BLOCK, 1), n.min(KEY_BLOCK), (v, vr, c));
     for (r, a) in a.iter().enumerate() {
         add_into(&mut acc[r * dv + c..r * dv + c + W], a);
     }
@@ -178,12 +180,13 @@ fn add_into(dst: &mut [f32], src: &[f32]) {
     }
 }
 
-/// `acc[r] += sum over j < n of p[r][j] * v[j]` for every column of `v` (`n x dv`).
+/// `acc[r] += sum over j < n of p[r][j] * v[j]` for every column of `v` (`n` rows of `dv`
+/// values, `vr` apart).
 #[inline(always)]
 fn add_weighted<const R: usize>(
     p: &[[f32; KEY_BLOCK]; R],
     n: usize,
-    v: &[f32],
+    v: (&[f32], usize),
     dv: usize,
     acc: &mut [f32],
 ) {
@@ -196,12 +199,12 @@ fn add_weighted<const R: usize>(
     }
 }
 
-/// What the rows of one slice read, gathered contiguous by [`forward_slice`] or
-/// [`backward_slice`].
+/// What the rows of one slice read ([`forward_slice`] or [`backward_slice`]).
 struct SliceData<'a> {
-    /// Queries scaled by 1/sqrt(D), `Tq x D`.
-    qs: &'a [f32],
-    /// Keys transposed and padded, `D x stride`.
+    /// Queries in place, `Tq` rows of `D` values `qr` apart.
+    q: &'a [f32],
+    qr: usize,
+    /// Keys scaled by 1/sqrt(D), transposed and padded, `D x stride`.
     kt: &'a [f32],
     stride: usize,
     tk: usize,
@@ -222,7 +225,7 @@ impl SliceData<'_> {
 #[inline(always)]
 fn forward_rows<const R: usize, const KW: usize>(
     x: &SliceData<'_>,
-    (v, dv): (&[f32], usize),
+    (v, vr, dv): (&[f32], usize, usize),
     first: usize,
     acc: &mut [f32],
     out: &mut [f32],
@@ -232,10 +235,10 @@ fn forward_rows<const R: usize, const KW: usize>(
     let mut max = [f32::NEG_INFINITY; R];
     let mut sum = [0.0f32; R];
     let end = x.key_end(first + R - 1);
-    let qs = &x.qs[first * x.d..(first + R) * x.d];
+    let q = (&x.q[first * x.qr..], x.qr);
     for start in (0..end).step_by(KEY_BLOCK) {
         let n = (end - start).min(KEY_BLOCK);
-        let mut p = block_products::<R, KW>(qs, x.d, x.kt, x.stride, start);
+        let mut p = block_products::<R, KW>(q, x.d, x.kt, x.stride, start);
         for (r, row) in p.iter_mut().enumerate() {
             let seen = x.key_end(first + r).saturating_sub(start).min(KEY_BLOCK);
             row[seen..].fill(f32::NEG_INFINITY);
@@ -259,7 +262,7 @@ fn forward_rows<const R: usize, const KW: usize>(
             sum[r] += lane_sum(row);
             max[r] = new_max;
         }
-        add_weighted::<R>(&p, n, &v[start * dv..(start + n) * dv], dv, acc);
+        add_weighted::<R>(&p, n, (&v[start * vr..], vr), dv, acc);
     }
     for (r, sum) in sum.iter().enumerate() {
         let inv = 1.0 / sum;
@@ -276,15 +279,13 @@ fn forward_rows<const R: usize, const KW: usize>(
 pub(super) fn forward_slice<const KW: usize>(a: &Slice<'_, '_>, w: &mut Scratch, out: &mut [f32]) {
     let (q, k, v) = (a.q, a.k, a.v);
     let (tq, tk, d, dv) = (q.rows, k.rows, q.cols, v.cols);
-    q.slice_into(a.s, &mut w.q);
-    k.slice_into(a.s, &mut w.k);
-    v.slice_into(a.s, &mut w.v);
-    scaled_into(&w.q, a.scale, &mut w.qs);
+    let ((qd, qr), (vd, vr)) = (q.slice(a.s), v.slice(a.s));
     let stride = padded(tk);
-    transpose_padded(&w.k, tk, d, stride, &mut w.kt);
+    transpose_padded(k.slice(a.s), (tk, d), a.scale, stride, &mut w.kt);
     w.acc.resize(ROWS * dv, 0.0);
     let x = SliceData {
-        qs: &w.qs,
+        q: qd,
+        qr,
         kt: &w.kt,
         stride,
         tk,
@@ -293,36 +294,38 @@ pub(super) fn forward_slice<const KW: usize>(a: &Slice<'_, '_>, w: &mut Scratch,
     };
     let mut first = 0;
     while first + ROWS <= tq {
-        forward_rows::<ROWS, KW>(&x, (&w.v, dv), first, &mut w.acc, out);
+        forward_rows::<ROWS, KW>(&x, (vd, vr, dv), first, &mut w.acc, out);
         first += ROWS;
     }
     while first < tq {
-        forward_rows::<1, KW>(&x, (&w.v, dv), first, &mut w.acc, out);
+        forward_rows::<1, KW>(&x, (vd, vr, dv), first, &mut w.acc, out);
         first += 1;
     }
 }
 
-/// Rows of one slice's backward pass beyond [`SliceData`]: unscaled queries, keys, output
-/// gradients (`T x D` each) and values transposed like the keys.
+/// Rows of one slice's backward pass beyond [`SliceData`]: keys and output gradients in
+/// place (`T` rows of `D` values, `kr` and `gr` apart) and values transposed like the keys
+/// (unscaled).
 struct BackwardData<'a> {
-    q: &'a [f32],
     k: &'a [f32],
+    kr: usize,
     g: &'a [f32],
+    gr: usize,
     vt: &'a [f32],
     scale: f32,
 }
 
 /// `dq[first + r][c..c + W] = sum over j < end of ds[r][j] * k[j][c..c + W]`, in order of
 /// `j` (each query row's gradient comes from its own group alone); `ds` holds `R` rows of
-/// `stride` values.
+/// `stride` values, `k` rows `kr` apart, `dq` rows `d` apart.
 #[inline(always)]
 fn dq_cols<const R: usize, const W: usize>(
     (ds, stride): (&[f32], usize),
-    (k, d): (&[f32], usize),
+    (k, kr): (&[f32], usize),
     (first, end, c): (usize, usize, usize),
-    dq: &mut [f32],
+    (dq, d): (&mut [f32], usize),
 ) {
-    let a = tile::<R, W>((ds, stride, 1), end, (k, d, c));
+    let a = tile::<R, W>((ds, stride, 1), end, (k, kr, c));
     for (r, a) in a.iter().enumerate() {
         let at = (first + r) * d + c;
         dq[at..at + W].copy_from_slice(a);
@@ -345,7 +348,7 @@ const QUERY_CHUNK: usize = 64;
 fn dkv_cols<const W: usize>(
     x: &SliceData<'_>,
     (ds, p, stride): (&[f32], &[f32], usize),
-    (q, g, d): (&[f32], &[f32], usize),
+    ((q, qr), (g, gr), d): ((&[f32], usize), (&[f32], usize), usize),
     (first, rows, end, c): (usize, usize, usize, usize),
     (dk, dv): (&mut [f32], &mut [f32]),
 ) {
@@ -357,19 +360,19 @@ fn dkv_cols<const W: usize>(
         let keys = if j + KEYS <= end { KEYS } else { 1 };
         if e0 < rows {
             let len = rows - e0;
-            let (q, g) = (&q[(first + e0) * d..], &g[(first + e0) * d..]);
+            let (q, g) = (&q[(first + e0) * qr..], &g[(first + e0) * gr..]);
             let (ds, p) = (&ds[e0 * stride + j..], &p[e0 * stride + j..]);
             if keys == KEYS {
-                let tk = tile::<KEYS, W>((ds, 1, stride), len, (q, d, c));
-                let tv = tile::<KEYS, W>((p, 1, stride), len, (g, d, c));
+                let tk = tile::<KEYS, W>((ds, 1, stride), len, (q, qr, c));
+                let tv = tile::<KEYS, W>((p, 1, stride), len, (g, gr, c));
                 for (i, (tk, tv)) in tk.iter().zip(&tv).enumerate() {
                     let at = (j + i) * d + c;
                     add_into(&mut dk[at..at + W], tk);
                     add_into(&mut dv[at..at + W], tv);
                 }
             } else {
-                let [tk] = tile::<1, W>((ds, 1, stride), len, (q, d, c));
-                let [tv] = tile::<1, W>((p, 1, stride), len, (g, d, c));
+                let [tk] = tile::<1, W>((ds, 1, stride), len, (q, qr, c));
+                let [tv] = tile::<1, W>((p, 1, stride), len, (g, gr, c));
                 let at = j * d + c;
                 add_into(&mut dk[at..at + W], &tk);
                 add_into(&mut dv[at..at + W], &tv);
@@ -393,11 +396,11 @@ fn backward_rows<const R: usize, const KW: usize>(
     let (d, stride) = (x.d, x.stride);
     let end = x.key_end(first + R - 1);
     let own = padded(end);
-    let qs = &x.qs[first * d..(first + R) * d];
-    let g = &y.g[first * d..(first + R) * d];
+    let q = (&x.q[first * x.qr..], x.qr);
+    let g = (&y.g[first * y.gr..], y.gr);
     let (p, dp) = (&mut p[at * stride..], &mut dp[at * stride..]);
     for start in (0..own).step_by(KEY_BLOCK) {
-        let s = block_products::<R, KW>(qs, d, x.kt, stride, start);
+        let s = block_products::<R, KW>(q, d, x.kt, stride, start);
         let o = block_products::<R, KW>(g, d, y.vt, stride, start);
         for r in 0..R {
             p[r * stride + start..r * stride + start + KEY_BLOCK].copy_from_slice(&s[r]);
@@ -426,10 +429,10 @@ fn backward_rows<const R: usize, const KW: usize>(
     }
     let full = d / LANES * LANES;
     for c in (0..full).step_by(LANES) {
-        dq_cols::<R, LANES>((dp, stride), (y.k, d), (first, end, c), dq);
+        dq_cols::<R, LANES>((dp, stride), (y.k, y.kr), (first, end, c), (dq, d));
     }
     for c in full..d {
-        dq_cols::<R, 1>((dp, stride), (y.k, d), (first, end, c), dq);
+        dq_cols::<R, 1>((dp, stride), (y.k, y.kr), (first, end, c), (dq, d));
     }
 }
 
@@ -461,7 +464,7 @@ fn backward_chunk<const KW: usize>(
         dkv_cols::<LANES>(
             x,
             (ds, p, x.stride),
-            (y.q, y.g, d),
+            ((x.q, x.qr), (y.g, y.gr), d),
             (first, rows, end, c),
             (dk, dv),
         );
@@ -470,7 +473,7 @@ fn backward_chunk<const KW: usize>(
         dkv_cols::<1>(
             x,
             (ds, p, x.stride),
-            (y.q, y.g, d),
+            ((x.q, x.qr), (y.g, y.gr), d),
             (first, rows, end, c),
             (dk, dv),
         );
@@ -487,19 +490,18 @@ pub(super) fn backward_slice<const KW: usize>(
 ) {
     let (q, k, v) = (a.q, a.k, a.v);
     let (t, d) = (q.rows, q.cols);
-    q.slice_into(a.s, &mut w.q);
-    k.slice_into(a.s, &mut w.k);
-    v.slice_into(a.s, &mut w.v);
-    g.slice_into(a.s, &mut w.g);
-    scaled_into(&w.q, a.scale, &mut w.qs);
     let stride = padded(t);
-    transpose_padded(&w.k, t, d, stride, &mut w.kt);
-    transpose_padded(&w.v, t, d, stride, &mut w.vt);
+    transpose_padded(k.slice(a.s), (t, d), a.scale, stride, &mut w.kt);
+    transpose_padded(v.slice(a.s), (t, d), 1.0, stride, &mut w.vt);
     let chunk = QUERY_CHUNK.min(t);
     w.p.resize(chunk * stride, 0.0);
     w.dp.resize(chunk * stride, 0.0);
+    let (qd, qr) = q.slice_into(a.s, &mut w.q);
+    let (kd, kr) = k.slice_into(a.s, &mut w.k);
+    let (gd, gr) = g.slice_into(a.s, &mut w.g);
     let x = SliceData {
-        qs: &w.qs,
+        q: qd,
+        qr,
         kt: &w.kt,
         stride,
         tk: t,
@@ -507,9 +509,10 @@ pub(super) fn backward_slice<const KW: usize>(
         causal: a.causal,
     };
     let y = BackwardData {
-        q: &w.q,
-        k: &w.k,
-        g: &w.g,
+        k: kd,
+        kr,
+        g: gd,
+        gr,
         vt: &w.vt,
         scale: a.scale,
     };
