@@ -77,9 +77,10 @@ impl<'a> Rows<'a> {
     }
 
     /// Slice `s` in place: its data from the first row on and the distance between its rows
-    /// (`rows` rows of `cols` values). The kernels read q, k, v and g with that row stride, so
-    /// a head view of `[B, T, H, D]` costs no copy (copying four operands per slice row by
-    /// row, as 128-byte `memmove`s, was a tenth of the GPT's attention time).
+    /// (`rows` rows of `cols` values). The forward pass reads q and v with that row stride,
+    /// and both passes transpose k and v straight from it, so a head view of `[B, T, H, D]`
+    /// costs no copy there (copying every operand per slice row by row, as 128-byte
+    /// `memmove`s, was a tenth of the GPT's attention time).
     fn slice(&self, s: usize) -> (&[f32], usize) {
         let r = self.layout.shape.len();
         let base =

@@ -201,7 +201,7 @@ fn add_weighted<const R: usize>(
 
 /// What the rows of one slice read ([`forward_slice`] or [`backward_slice`]).
 struct SliceData<'a> {
-    /// Queries in place, `Tq` rows of `D` values `qr` apart.
+    /// Queries, `Tq` rows of `D` values `qr` apart (in place forward, copied backward).
     q: &'a [f32],
     qr: usize,
     /// Keys scaled by 1/sqrt(D), transposed and padded, `D x stride`.
@@ -303,9 +303,9 @@ pub(super) fn forward_slice<const KW: usize>(a: &Slice<'_, '_>, w: &mut Scratch,
     }
 }
 
-/// Rows of one slice's backward pass beyond [`SliceData`]: keys and output gradients in
-/// place (`T` rows of `D` values, `kr` and `gr` apart) and values transposed like the keys
-/// (unscaled).
+/// Rows of one slice's backward pass beyond [`SliceData`]: keys and output gradients (`T`
+/// rows of `D` values, `kr` and `gr` apart; copied contiguous by [`backward_slice`]) and
+/// values transposed like the keys (unscaled).
 struct BackwardData<'a> {
     k: &'a [f32],
     kr: usize,
