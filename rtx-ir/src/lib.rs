@@ -12,6 +12,7 @@
 
 pub mod autodiff;
 pub mod dim;
+pub mod emit;
 pub mod fusion;
 pub mod graph;
 pub mod infer;
