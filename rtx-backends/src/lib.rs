@@ -1,7 +1,7 @@
 //! The backends' kernels: the arithmetic behind every tensor operation, one module per device.
 //!
-//! `cpu` is always built; `cuda` and `wgpu` will arrive as cargo features with the same kernel
-//! set. rtx-core's `Tensor` calls these kernels after the IR's shape rules have accepted the
+//! `cpu` is always built; `wgpu` (feature `wgpu`) runs WGSL kernels emitted from the fusion
+//! plan on Vulkan, Metal or DX12 (and on llvmpipe without a GPU); `cuda` will follow. rtx-core's `Tensor` calls these kernels after the IR's shape rules have accepted the
 //! operation, so a kernel receives buffers plus [`Layout`]s (shape, strides, offset) and never
 //! sees the IR. It still checks what it needs to be memory-safe and meaningful (layouts inside
 //! their buffers, operand shapes that combine, indices in range) and returns a
@@ -12,5 +12,7 @@ pub mod arena;
 pub mod cpu;
 pub mod layout;
 pub mod pool;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 pub use layout::Layout;

@@ -110,6 +110,25 @@ impl Rounding {
     }
 }
 
+impl Rounding {
+    /// The rounding as the eight words GPU kernels read (`rtx_ir::emit::Meta`): bias, shift,
+    /// lsb, keep, then the bits of the smallest normal, overflow, gradient scale and its
+    /// inverse, so a GPU rounds with the same constants as [`autocast`] here.
+    pub fn words(&self) -> [u32; 8] {
+        let p = &self.pattern;
+        [
+            p.bias,
+            p.shift,
+            p.lsb,
+            p.keep,
+            p.smallest_normal.to_bits(),
+            p.overflow.to_bits(),
+            p.grad_scale.to_bits(),
+            p.grad_inv.to_bits(),
+        ]
+    }
+}
+
 /// `x` rounded as `p` says, ties to even: the bits rounded at the last kept fraction bit
 /// (bf16 is f32's upper 16 bits; f16's normal range keeps 10 fraction bits), a fixed step
 /// of 2^-24 below f16's smallest normal, infinity from f16's 65520 up (the tie between 65504

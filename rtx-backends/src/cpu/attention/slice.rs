@@ -340,6 +340,9 @@ const KEYS: usize = 4;
 /// many rows in registers before adding to memory.
 const QUERY_CHUNK: usize = 64;
 
+/// Rows of an operand and the distance between their starts.
+type Strided<'a> = (&'a [f32], usize);
+
 /// `dk[j][c..c + W] += sum over the chunk's rows i of ds[i][j] * q[i][c..c + W]` and
 /// `dv[j][..] += sum over i of p[i][j] * g[i][..]` for `j < end`, in order of `i`, then
 /// added; `KEYS` keys per tile (then one at a time). With `causal`, rows before key `j`
@@ -348,7 +351,7 @@ const QUERY_CHUNK: usize = 64;
 fn dkv_cols<const W: usize>(
     x: &SliceData<'_>,
     (ds, p, stride): (&[f32], &[f32], usize),
-    ((q, qr), (g, gr), d): ((&[f32], usize), (&[f32], usize), usize),
+    ((q, qr), (g, gr), d): (Strided<'_>, Strided<'_>, usize),
     (first, rows, end, c): (usize, usize, usize, usize),
     (dk, dv): (&mut [f32], &mut [f32]),
 ) {

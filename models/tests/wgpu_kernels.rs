@@ -1,0 +1,383 @@
+//! Every fused kernel of every model, emitted as WGSL, run on the wgpu adapter (llvmpipe in
+//! CI) on fresh random inputs and compared with the CPU's scalar functions element by
+//! element: at f32 within 1e-4 relative (1e-7 absolute near zero), the rounding groups bit for
+//! bit. Needs `--features wgpu`; without an adapter each test says it was skipped, by name
+//! (`RTX_REQUIRE_WGPU=1`, as in CI, makes that a failure).
+#![cfg(feature = "wgpu")]
+
+use std::collections::{HashMap, HashSet};
+
+use models::cnn::Cnn;
+use models::gpt::Gpt;
+use models::mlp::Mlp;
+use rtx_backends::cpu::scalar::{self, HalfType, Rounding};
+use rtx_backends::wgpu::{Kernel, WgpuDevice};
+use rtx_core::ir::emit::{Meta, POINTWISE_GROUP, Target, fused_kernel, passes};
+use rtx_core::ir::fusion::{Instr, Operand, Pointwise, Step, rounding_only};
+use rtx_core::ir::{Cmp, Graph, ModelIr, NodeId};
+
+fn device(test: &str) -> Option<WgpuDevice> {
+    match WgpuDevice::open() {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("RTX_REQUIRE_WGPU").as_deref() != Ok("1") => {
+            eprintln!("skipped: {test}: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: RTX_REQUIRE_WGPU=1 but {e}"),
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+    }
+}
+
+/// The CPU meaning of one instruction, by the same scalar functions the compiled CPU code calls.
+fn eval(op: Pointwise, a: &[f32], r: Rounding) -> f32 {
+    match op {
+        Pointwise::Identity => a[0],
+        Pointwise::Autocast => scalar::autocast(a[0], r),
+        Pointwise::AutocastGrad => scalar::autocast_grad(a[0], r),
+        Pointwise::Neg => scalar::neg(a[0]),
+        Pointwise::Relu => scalar::relu(a[0]),
+        Pointwise::Gelu => scalar::gelu(a[0]),
+        Pointwise::GeluTanh => scalar::gelu_tanh(a[0]),
+        Pointwise::Tanh => scalar::tanh(a[0]),
+        Pointwise::Sin => scalar::sin(a[0]),
+        Pointwise::Cos => scalar::cos(a[0]),
+        Pointwise::Sigmoid => scalar::sigmoid(a[0]),
+        Pointwise::Exp => scalar::exp(a[0]),
+        Pointwise::Log => scalar::log(a[0]),
+        Pointwise::Sqrt => scalar::sqrt(a[0]),
+        Pointwise::Pow(p) => scalar::pow(a[0], p as f32),
+        Pointwise::Add => scalar::add(a[0], a[1]),
+        Pointwise::Sub => scalar::sub(a[0], a[1]),
+        Pointwise::Mul => scalar::mul(a[0], a[1]),
+        Pointwise::Div => scalar::div(a[0], a[1]),
+        Pointwise::ReluGrad => scalar::relu_grad(a[0], a[1]),
+        Pointwise::GeluGrad => scalar::gelu_grad(a[0], a[1]),
+        Pointwise::GeluTanhGrad => scalar::gelu_tanh_grad(a[0], a[1]),
+        Pointwise::Maximum => scalar::maximum(a[0], a[1]),
+        Pointwise::Minimum => scalar::minimum(a[0], a[1]),
+        Pointwise::Compare(c) => match c {
+            Cmp::Gt => scalar::gt(a[0], a[1]),
+            Cmp::Ge => scalar::ge(a[0], a[1]),
+            Cmp::Lt => scalar::lt(a[0], a[1]),
+            Cmp::Le => scalar::le(a[0], a[1]),
+            Cmp::Eq => scalar::eq(a[0], a[1]),
+            Cmp::Ne => scalar::ne(a[0], a[1]),
+        },
+        Pointwise::Select => scalar::select(a[0], a[1], a[2]),
+    }
+}
+
+/// Row-major strides of `shape` broadcast (numpy rules, aligned right) to `to`.
+fn broadcast_strides(shape: &[usize], to: &[usize]) -> Vec<u32> {
+    let mut strides = vec![0u32; to.len()];
+    let mut step = 1usize;
+    for (k, &d) in shape.iter().enumerate().rev() {
+        let axis = to.len() - (shape.len() - k);
+        strides[axis] = if d == 1 && to[axis] != 1 {
+            0
+        } else {
+            step as u32
+        };
+        step *= d;
+    }
+    strides
+}
+
+fn dims(graph: &Graph, node: NodeId, env: &HashMap<String, i64>) -> Vec<usize> {
+    graph
+        .node(node)
+        .shape
+        .iter()
+        .map(|d| d.eval(env).unwrap() as usize)
+        .collect()
+}
+
+struct Group<'a> {
+    inputs: &'a [NodeId],
+    body: &'a [Instr],
+    outputs: &'a [NodeId],
+}
+
+/// Runs one group on the device and on the CPU; returns the worst error, or a message.
+#[allow(clippy::too_many_arguments)]
+fn check_group(
+    d: &WgpuDevice,
+    name: &str,
+    step: &Step,
+    input_shapes: &[Vec<usize>],
+    shape: &[usize],
+    g: &Group,
+    rounding: Rounding,
+    rng: &mut Rng,
+) -> Result<f32, String> {
+    let k = fused_kernel(step, name, Target::Wgsl).unwrap();
+    let n: usize = shape.iter().product();
+    let mut host = Vec::new();
+    let mut meta_inputs = Vec::new();
+    let mut buffers = Vec::new();
+    for s in input_shapes {
+        let values: Vec<f32> = (0..s.iter().product::<usize>())
+            .map(|_| rng.next())
+            .collect();
+        let strides = broadcast_strides(s, shape);
+        buffers.push(d.upload_f32(&values).map_err(|e| e.to_string())?);
+        meta_inputs.push((0u32, strides.clone()));
+        host.push((values, strides));
+    }
+    let outs: Vec<_> = (0..g.outputs.len()).map(|_| d.zeros(n).unwrap()).collect();
+    let shape32: Vec<u32> = shape.iter().map(|&v| v as u32).collect();
+    let meta = Meta::words(&shape32, &meta_inputs, rounding.words());
+    let kernel = Kernel {
+        name,
+        source: &k.source,
+        entry: &k.entry,
+    };
+    let ins: Vec<_> = buffers.iter().collect();
+    let outr: Vec<_> = outs.iter().collect();
+    d.run_pointwise(&kernel, &meta, &ins, &outr, n, POINTWISE_GROUP)
+        .map_err(|e| e.to_string())?;
+    let got: Vec<Vec<f32>> = outs.iter().map(|o| d.read_f32(o).unwrap()).collect();
+    let exact = rounding_only(g.body, g.inputs, g.outputs);
+    let mut worst = 0f32;
+    let mut values: HashMap<NodeId, f32> = HashMap::new();
+    #[allow(clippy::needless_range_loop)] // `e` indexes every output and the coordinates
+    for e in 0..n {
+        let mut rest = e;
+        let mut offsets = vec![0usize; host.len()];
+        for axis in (0..shape.len()).rev() {
+            let c = rest % shape[axis];
+            rest /= shape[axis];
+            for (o, (_, strides)) in offsets.iter_mut().zip(&host) {
+                *o += c * strides[axis] as usize;
+            }
+        }
+        values.clear();
+        for ins in g.body {
+            let args: Vec<f32> = ins
+                .args
+                .iter()
+                .map(|a| match *a {
+                    Operand::Input(i) => host[i].0[offsets[i]],
+                    Operand::Node(m) => values[&m],
+                    Operand::Const(c) => c as f32,
+                    Operand::RowLen => unreachable!("row operand in a pointwise group"),
+                })
+                .collect();
+            values.insert(ins.node, eval(ins.op, &args, rounding));
+        }
+        for (o, node) in g.outputs.iter().enumerate() {
+            let (want, have) = (values[node], got[o][e]);
+            if want.is_nan() && have.is_nan() {
+                continue;
+            }
+            let err = (want - have).abs() / (1e-3 + want.abs());
+            let bad = if exact {
+                want.to_bits() != have.to_bits()
+            } else {
+                err.is_nan() || err > 1e-4
+            };
+            if bad {
+                return Err(format!(
+                    "{name}: element {e} of output {o}: cpu {want:e}, gpu {have:e}"
+                ));
+            }
+            worst = worst.max(err);
+        }
+    }
+    Ok(worst)
+}
+
+fn models() -> Vec<ModelIr> {
+    vec![
+        Mlp::graph().unwrap(),
+        Cnn::graph().unwrap(),
+        Gpt::graph().unwrap(),
+    ]
+}
+
+fn run_all(test: &str, rounding: Rounding, only_rounding: bool) {
+    let Some(d) = device(test) else { return };
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let (mut seen, mut failures, mut worst, mut ran) = (HashSet::new(), Vec::new(), 0f32, 0);
+    for ir in models() {
+        for f in &ir.functions {
+            // Every symbolic dimension (`B`, `T`) bound to a small odd size.
+            let env: HashMap<String, i64> = f.symbols.iter().map(|s| (s.clone(), 3)).collect();
+            for (pass, steps) in passes(f) {
+                for (i, step) in steps.iter().enumerate() {
+                    let Step::Fused {
+                        shape_of,
+                        inputs,
+                        body,
+                        outputs,
+                    } = step
+                    else {
+                        continue;
+                    };
+                    if only_rounding != rounding_only(body, inputs, outputs) {
+                        continue;
+                    }
+                    let name = format!("{}_{}_{pass}_{i}", ir.model, f.name);
+                    let k = fused_kernel(step, &name, Target::Wgsl).unwrap();
+                    if !seen.insert(k.source) {
+                        continue;
+                    }
+                    let shape = dims(&f.graph, *shape_of, &env);
+                    let g = Group {
+                        inputs,
+                        body,
+                        outputs,
+                    };
+                    let input_shapes: Vec<_> =
+                        inputs.iter().map(|&i| dims(&f.graph, i, &env)).collect();
+                    match check_group(
+                        &d,
+                        &name,
+                        step,
+                        &input_shapes,
+                        &shape,
+                        &g,
+                        rounding,
+                        &mut rng,
+                    ) {
+                        Ok(w) => worst = worst.max(w),
+                        Err(e) => failures.push(e),
+                    }
+                    ran += 1;
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{test}: {ran} distinct kernels on {}, worst relative error {worst:e}",
+        d.describe()
+    );
+    assert!(ran > 0);
+    assert!(
+        failures.is_empty(),
+        "{} of {ran} kernels differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn every_fused_kernel_of_every_model_matches_the_cpu_at_f32() {
+    run_all(
+        "every_fused_kernel_of_every_model_matches_the_cpu_at_f32",
+        Rounding::NONE,
+        false,
+    );
+}
+
+#[test]
+fn every_rounding_kernel_of_every_model_rounds_to_bf16_and_f16_bit_for_bit() {
+    for to in [HalfType::Bf16, HalfType::F16] {
+        run_all(
+            "every_rounding_kernel_of_every_model_rounds_to_bf16_and_f16_bit_for_bit",
+            Rounding::new(to, 1024.0),
+            true,
+        );
+    }
+}
+
+#[test]
+fn every_pointwise_function_of_the_wgsl_prelude_matches_the_cpu() {
+    let test = "every_pointwise_function_of_the_wgsl_prelude_matches_the_cpu";
+    let Some(d) = device(test) else { return };
+    let mut ops = vec![
+        Pointwise::Identity,
+        Pointwise::Neg,
+        Pointwise::Relu,
+        Pointwise::Gelu,
+        Pointwise::GeluTanh,
+        Pointwise::Tanh,
+        Pointwise::Sin,
+        Pointwise::Cos,
+        Pointwise::Sigmoid,
+        Pointwise::Exp,
+        Pointwise::Log,
+        Pointwise::Sqrt,
+        Pointwise::Pow(2.0),
+        Pointwise::Pow(3.0),
+        Pointwise::Pow(0.5),
+        Pointwise::Pow(-1.5),
+        Pointwise::Add,
+        Pointwise::Sub,
+        Pointwise::Mul,
+        Pointwise::Div,
+        Pointwise::ReluGrad,
+        Pointwise::GeluGrad,
+        Pointwise::GeluTanhGrad,
+        Pointwise::Maximum,
+        Pointwise::Minimum,
+        Pointwise::Select,
+    ];
+    ops.extend([Cmp::Gt, Cmp::Ge, Cmp::Lt, Cmp::Le, Cmp::Eq, Cmp::Ne].map(Pointwise::Compare));
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut failures = Vec::new();
+    for op in ops {
+        let arity = match op {
+            Pointwise::Select => 3,
+            Pointwise::Add
+            | Pointwise::Sub
+            | Pointwise::Mul
+            | Pointwise::Div
+            | Pointwise::ReluGrad
+            | Pointwise::GeluGrad
+            | Pointwise::GeluTanhGrad
+            | Pointwise::Maximum
+            | Pointwise::Minimum
+            | Pointwise::Compare(_) => 2,
+            _ => 1,
+        };
+        // Inputs 0..arity; the result is node 100. The second input broadcasts along rows.
+        let inputs: Vec<NodeId> = (0..arity).collect();
+        let body = vec![Instr {
+            node: 100,
+            op,
+            args: (0..arity).map(Operand::Input).collect(),
+        }];
+        let outputs = vec![100];
+        let step = Step::Fused {
+            shape_of: 100,
+            inputs: inputs.clone(),
+            body: body.clone(),
+            outputs: outputs.clone(),
+        };
+        let shape = vec![37, 29];
+        let input_shapes: Vec<Vec<usize>> = (0..arity)
+            .map(|i| if i == 1 { vec![1, 29] } else { shape.clone() })
+            .collect();
+        let g = Group {
+            inputs: &inputs,
+            body: &body,
+            outputs: &outputs,
+        };
+        let name = format!("pointwise_{}", op.name());
+        match check_group(
+            &d,
+            &name,
+            &step,
+            &input_shapes,
+            &shape,
+            &g,
+            Rounding::NONE,
+            &mut rng,
+        ) {
+            Ok(w) => eprintln!("{name}: worst relative error {w:e}"),
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -1,0 +1,373 @@
+//! The wgpu backend (cargo feature `wgpu`): compute kernels in WGSL on Vulkan, Metal or DX12,
+//! and on Mesa's software Vulkan driver (llvmpipe) where there is no GPU, which is how CI
+//! runs it.
+//!
+//! Like the CPU module it knows no IR: it takes kernel sources (emitted by
+//! `rtx_ir::emit` from the fusion plan), buffers and the run-time meta words, and runs them.
+//! Pipelines are compiled on first use and cached per device by source hash. Every wgpu
+//! call that can fail validation or run out of memory runs inside error scopes, so a bad
+//! kernel or a too-large buffer is a [`GpuError`], never wgpu's default panic.
+
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, mpsc};
+
+use ::wgpu::util::DeviceExt;
+
+/// Why a GPU call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error(
+        "no wgpu adapter found ({0}); on Linux without a GPU, install Mesa's `mesa-vulkan-drivers` (llvmpipe)"
+    )]
+    NoAdapter(String),
+    #[error("cannot open the wgpu device `{adapter}`: {message}")]
+    Device { adapter: String, message: String },
+    #[error("kernel `{name}` does not compile: {message}")]
+    Compile { name: String, message: String },
+    #[error("out of GPU memory: {requested} bytes requested")]
+    OutOfMemory { requested: u64 },
+    #[error("buffer of {requested} bytes exceeds the device's binding limit of {limit} bytes")]
+    TooLarge { requested: u64, limit: u64 },
+    #[error("kernel `{name}` takes {expected} buffers, {found} were given")]
+    Arity {
+        name: String,
+        expected: usize,
+        found: usize,
+    },
+    #[error("GPU call failed: {0}")]
+    Call(String),
+}
+
+pub type Result<T> = std::result::Result<T, GpuError>;
+
+/// One wgpu device and its queue, with the pipelines compiled on it.
+pub struct WgpuDevice {
+    device: ::wgpu::Device,
+    queue: ::wgpu::Queue,
+    info: ::wgpu::AdapterInfo,
+    limits: ::wgpu::Limits,
+    pipelines: Mutex<HashMap<u64, Arc<::wgpu::ComputePipeline>>>,
+}
+
+/// A buffer on a [`WgpuDevice`]: `len` 32-bit values (f32 or u32).
+pub struct GpuBuffer {
+    buffer: ::wgpu::Buffer,
+    len: usize,
+}
+
+impl GpuBuffer {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A kernel to run: its WGSL source, entry point and a name for errors.
+#[derive(Clone, Copy, Debug)]
+pub struct Kernel<'a> {
+    pub name: &'a str,
+    pub source: &'a str,
+    pub entry: &'a str,
+}
+
+impl WgpuDevice {
+    /// The first adapter wgpu finds (a discrete GPU preferred; llvmpipe counts), opened with
+    /// its own limits, so kernels may bind as many storage buffers as it allows.
+    pub fn open() -> Result<WgpuDevice> {
+        let instance = ::wgpu::Instance::new(
+            ::wgpu::InstanceDescriptor::new_without_display_handle_from_env(),
+        );
+        let adapter =
+            pollster::block_on(instance.request_adapter(&::wgpu::RequestAdapterOptions {
+                power_preference: ::wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            }))
+            .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&::wgpu::DeviceDescriptor {
+                label: Some("rtx"),
+                required_features: ::wgpu::Features::empty(),
+                required_limits: limits.clone(),
+                ..Default::default()
+            }))
+            .map_err(|e| GpuError::Device {
+                adapter: info.name.clone(),
+                message: e.to_string(),
+            })?;
+        Ok(WgpuDevice {
+            device,
+            queue,
+            info,
+            limits,
+            pipelines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The adapter's name and backend, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)`.
+    pub fn describe(&self) -> String {
+        format!("{} ({:?})", self.info.name, self.info.backend)
+    }
+
+    /// Whether this is a software rasterizer (llvmpipe, WARP): correct, not fast.
+    pub fn is_software(&self) -> bool {
+        self.info.device_type == ::wgpu::DeviceType::Cpu
+    }
+
+    fn check_size(&self, bytes: u64) -> Result<()> {
+        let limit = self
+            .limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size);
+        if bytes > limit {
+            return Err(GpuError::TooLarge {
+                requested: bytes,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `f` inside out-of-memory and validation scopes and reports what they caught.
+    fn scoped<T>(&self, requested: u64, f: impl FnOnce() -> T) -> Result<T> {
+        let memory = self
+            .device
+            .push_error_scope(::wgpu::ErrorFilter::OutOfMemory);
+        let validation = self
+            .device
+            .push_error_scope(::wgpu::ErrorFilter::Validation);
+        let value = f();
+        let invalid = pollster::block_on(validation.pop());
+        let oom = pollster::block_on(memory.pop());
+        if oom.is_some() {
+            return Err(GpuError::OutOfMemory { requested });
+        }
+        if let Some(e) = invalid {
+            return Err(GpuError::Call(e.to_string()));
+        }
+        Ok(value)
+    }
+
+    fn upload_bytes(&self, bytes: &[u8], len: usize) -> Result<GpuBuffer> {
+        // wgpu refuses zero-sized bindings: an empty buffer still holds one word.
+        let padded;
+        let contents = if bytes.is_empty() {
+            padded = [0u8; 4];
+            &padded[..]
+        } else {
+            bytes
+        };
+        self.check_size(contents.len() as u64)?;
+        let buffer = self.scoped(contents.len() as u64, || {
+            self.device
+                .create_buffer_init(&::wgpu::util::BufferInitDescriptor {
+                    label: None,
+                    contents,
+                    usage: ::wgpu::BufferUsages::STORAGE
+                        | ::wgpu::BufferUsages::COPY_SRC
+                        | ::wgpu::BufferUsages::COPY_DST,
+                })
+        })?;
+        Ok(GpuBuffer { buffer, len })
+    }
+
+    /// A buffer holding `data`.
+    pub fn upload_f32(&self, data: &[f32]) -> Result<GpuBuffer> {
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.upload_bytes(&bytes, data.len())
+    }
+
+    /// A buffer holding `data` (meta words, indices).
+    pub fn upload_u32(&self, data: &[u32]) -> Result<GpuBuffer> {
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.upload_bytes(&bytes, data.len())
+    }
+
+    /// A buffer of `len` zeros.
+    pub fn zeros(&self, len: usize) -> Result<GpuBuffer> {
+        let bytes = (len.max(1) as u64)
+            .checked_mul(4)
+            .ok_or(GpuError::OutOfMemory {
+                requested: u64::MAX,
+            })?;
+        self.check_size(bytes)?;
+        let buffer = self.scoped(bytes, || {
+            self.device.create_buffer(&::wgpu::BufferDescriptor {
+                label: None,
+                size: bytes,
+                usage: ::wgpu::BufferUsages::STORAGE
+                    | ::wgpu::BufferUsages::COPY_SRC
+                    | ::wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        Ok(GpuBuffer { buffer, len })
+    }
+
+    /// The values of `buf`, copied back to the host (waits for queued work).
+    pub fn read_f32(&self, buf: &GpuBuffer) -> Result<Vec<f32>> {
+        if buf.len == 0 {
+            return Ok(Vec::new());
+        }
+        let bytes = buf.len as u64 * 4;
+        let staging = self.scoped(bytes, || {
+            self.device.create_buffer(&::wgpu::BufferDescriptor {
+                label: Some("rtx readback"),
+                size: bytes,
+                usage: ::wgpu::BufferUsages::MAP_READ | ::wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(&buf.buffer, 0, &staging, 0, bytes);
+        self.queue.submit([encoder.finish()]);
+        let (tx, rx) = mpsc::channel();
+        staging.map_async(::wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(::wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Call(e.to_string()))?;
+        rx.recv()
+            .map_err(|e| GpuError::Call(e.to_string()))?
+            .map_err(|e| GpuError::Call(e.to_string()))?;
+        let view = staging
+            .get_mapped_range(..)
+            .map_err(|e| GpuError::Call(e.to_string()))?;
+        let out = view
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        drop(view);
+        staging.unmap();
+        Ok(out)
+    }
+
+    fn pipeline(&self, kernel: &Kernel) -> Result<Arc<::wgpu::ComputePipeline>> {
+        let mut h = DefaultHasher::new();
+        (kernel.source, kernel.entry).hash(&mut h);
+        let key = h.finish();
+        if let Some(p) = self
+            .pipelines
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&key).cloned())
+        {
+            return Ok(p);
+        }
+        let pipeline = self
+            .scoped(0, || {
+                let module = self
+                    .device
+                    .create_shader_module(::wgpu::ShaderModuleDescriptor {
+                        label: Some(kernel.name),
+                        source: ::wgpu::ShaderSource::Wgsl(kernel.source.into()),
+                    });
+                self.device
+                    .create_compute_pipeline(&::wgpu::ComputePipelineDescriptor {
+                        label: Some(kernel.name),
+                        layout: None,
+                        module: &module,
+                        entry_point: Some(kernel.entry),
+                        compilation_options: Default::default(),
+                        cache: None,
+                    })
+            })
+            .map_err(|e| GpuError::Compile {
+                name: kernel.name.to_string(),
+                message: e.to_string(),
+            })?;
+        let pipeline = Arc::new(pipeline);
+        if let Ok(mut c) = self.pipelines.lock() {
+            c.insert(key, Arc::clone(&pipeline));
+        }
+        Ok(pipeline)
+    }
+
+    /// Compiles `kernel` (or finds it compiled) without running it.
+    pub fn compile(&self, kernel: &Kernel) -> Result<()> {
+        self.pipeline(kernel).map(|_| ())
+    }
+
+    /// Runs `kernel` once over `groups` workgroups with `buffers` bound in order at group 0,
+    /// bindings 0, 1, ... (the kernel's declared bindings, all of them).
+    pub fn dispatch(
+        &self,
+        kernel: &Kernel,
+        buffers: &[&GpuBuffer],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        let pipeline = self.pipeline(kernel)?;
+        self.scoped(0, || {
+            let layout = pipeline.get_bind_group_layout(0);
+            let entries: Vec<::wgpu::BindGroupEntry> = buffers
+                .iter()
+                .enumerate()
+                .map(|(i, b)| ::wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: b.buffer.as_entire_binding(),
+                })
+                .collect();
+            let bind = self.device.create_bind_group(&::wgpu::BindGroupDescriptor {
+                label: Some(kernel.name),
+                layout: &layout,
+                entries: &entries,
+            });
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &bind, &[]);
+                pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+            }
+            self.queue.submit([encoder.finish()]);
+        })
+        .map_err(|e| match e {
+            GpuError::Call(message) => GpuError::Call(format!("`{}`: {message}", kernel.name)),
+            other => other,
+        })
+    }
+
+    /// Runs a fused pointwise kernel of `rtx_ir::emit` (its buffer order: meta, inputs,
+    /// outputs) over `n` elements, `group` threads per workgroup.
+    pub fn run_pointwise(
+        &self,
+        kernel: &Kernel,
+        meta: &[u32],
+        inputs: &[&GpuBuffer],
+        outputs: &[&GpuBuffer],
+        n: usize,
+        group: u32,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let meta = self.upload_u32(meta)?;
+        let mut buffers = vec![&meta];
+        buffers.extend_from_slice(inputs);
+        buffers.extend_from_slice(outputs);
+        let groups = grid(n, group, self.limits.max_compute_workgroups_per_dimension)?;
+        self.dispatch(kernel, &buffers, groups)
+    }
+}
+
+/// Workgroups covering `n` threads of `group` each, over `x` and then `y` when `x` alone
+/// would pass the per-dimension limit (the kernels count `x + y * groups_x * group`).
+pub fn grid(n: usize, group: u32, per_dimension: u32) -> Result<[u32; 3]> {
+    let groups = n.div_ceil(group.max(1) as usize);
+    let per_dimension = per_dimension.max(1) as usize;
+    let x = groups.min(per_dimension);
+    let y = groups.div_ceil(x.max(1));
+    if y > per_dimension {
+        return Err(GpuError::Call(format!(
+            "{n} elements need more than {per_dimension}^2 workgroups"
+        )));
+    }
+    Ok([x as u32, y as u32, 1])
+}

@@ -1,0 +1,106 @@
+//! The wgpu backend on whatever adapter the machine has (llvmpipe in CI). Without one, each
+//! test prints that it was skipped, by name; with `RTX_REQUIRE_WGPU=1` (CI) a missing adapter
+//! fails instead, so a broken driver install cannot pass silently.
+#![cfg(feature = "wgpu")]
+
+use rtx_backends::wgpu::{GpuError, Kernel, WgpuDevice, grid};
+
+fn device(test: &str) -> Option<WgpuDevice> {
+    match WgpuDevice::open() {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("RTX_REQUIRE_WGPU").as_deref() != Ok("1") => {
+            eprintln!("skipped: {test}: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: RTX_REQUIRE_WGPU=1 but {e}"),
+    }
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        })
+        .collect()
+}
+
+const AXPY: &str = r#"
+@group(0) @binding(0) var<storage, read> params: array<u32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) g: vec3<u32>) {
+    let i = gid.x + gid.y * g.x * 64u;
+    if (i >= params[0]) { return; }
+    y[i] = 2.0 * x[i] + y[i];
+}
+"#;
+
+#[test]
+fn a_buffer_reads_back_the_values_uploaded() {
+    let Some(d) = device("a_buffer_reads_back_the_values_uploaded") else {
+        return;
+    };
+    let data = random(1000, 1);
+    let b = d.upload_f32(&data).unwrap();
+    assert_eq!(d.read_f32(&b).unwrap(), data);
+    assert_eq!(d.read_f32(&d.zeros(0).unwrap()).unwrap(), Vec::<f32>::new());
+}
+
+#[test]
+fn a_kernel_updates_its_read_write_buffer_in_place() {
+    let Some(d) = device("a_kernel_updates_its_read_write_buffer_in_place") else {
+        return;
+    };
+    let (x, y) = (random(777, 2), random(777, 3));
+    let (bx, by) = (d.upload_f32(&x).unwrap(), d.upload_f32(&y).unwrap());
+    let k = Kernel {
+        name: "axpy",
+        source: AXPY,
+        entry: "main",
+    };
+    d.run_pointwise(&k, &[777], &[&bx], &[&by], 777, 64)
+        .unwrap();
+    let got = d.read_f32(&by).unwrap();
+    for i in 0..777 {
+        assert_eq!(got[i], 2.0 * x[i] + y[i], "element {i}");
+    }
+}
+
+#[test]
+fn a_kernel_that_does_not_compile_is_an_error_naming_it() {
+    let Some(d) = device("a_kernel_that_does_not_compile_is_an_error_naming_it") else {
+        return;
+    };
+    let k = Kernel {
+        name: "broken",
+        source: "fn main( {",
+        entry: "main",
+    };
+    match d.compile(&k) {
+        Err(GpuError::Compile { name, .. }) => assert_eq!(name, "broken"),
+        other => panic!("expected a compile error, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn a_buffer_past_the_binding_limit_is_refused_before_allocation() {
+    let Some(d) = device("a_buffer_past_the_binding_limit_is_refused_before_allocation") else {
+        return;
+    };
+    match d.zeros(usize::MAX / 8) {
+        Err(GpuError::TooLarge { .. } | GpuError::OutOfMemory { .. }) => {}
+        other => panic!("expected a size error, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn the_grid_spills_into_y_past_the_per_dimension_limit() {
+    assert_eq!(grid(1000, 256, 65535).unwrap(), [4, 1, 1]);
+    assert_eq!(grid(256 * 70_000, 256, 65535).unwrap(), [65535, 2, 1]);
+    assert!(grid(usize::MAX / 2, 1, 65535).is_err());
+}
