@@ -10,6 +10,12 @@
 
 pub mod arena;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(any(feature = "wgpu", feature = "cuda", feature = "hip"))]
+pub mod gpu_error;
+#[cfg(feature = "hip")]
+pub mod hip;
 pub mod layout;
 pub mod pool;
 #[cfg(feature = "wgpu")]

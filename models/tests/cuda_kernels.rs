@@ -1,0 +1,110 @@
+//! Every fused kernel of every model, emitted as CUDA C, compiles with NVRTC to PTX and to an
+//! sm_90 cubin (the H200's architecture): as one module per model, the way the runtime loads
+//! them, and each kernel's own source alone. Needs `--features cuda` and libnvrtc (the pip
+//! wheel `nvidia-cuda-nvrtc-cu12` on `LD_LIBRARY_PATH`); without the library each test says it
+//! was skipped, by name (`RTX_REQUIRE_NVRTC=1`, as in CI, makes that a failure).
+#![cfg(feature = "cuda")]
+
+use models::cnn::Cnn;
+use models::gpt::Gpt;
+use models::mlp::Mlp;
+use rtx_backends::cuda::{compile, nvrtc_available, nvrtc_version};
+use rtx_core::ir::ModelIr;
+use rtx_core::ir::emit::{Target, cuda::PRELUDE, model_kernels};
+
+fn nvrtc(test: &str) -> bool {
+    if nvrtc_available() {
+        return true;
+    }
+    assert!(
+        std::env::var("RTX_REQUIRE_NVRTC").as_deref() != Ok("1"),
+        "{test}: RTX_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded"
+    );
+    eprintln!("skipped: {test}: libnvrtc not found");
+    false
+}
+
+fn models() -> Vec<ModelIr> {
+    vec![
+        Mlp::graph().unwrap(),
+        Cnn::graph().unwrap(),
+        Gpt::graph().unwrap(),
+    ]
+}
+
+#[test]
+fn every_cuda_kernel_of_every_model_compiles_to_an_sm_90_cubin_as_one_module() {
+    let test = "every_cuda_kernel_of_every_model_compiles_to_an_sm_90_cubin_as_one_module";
+    if !nvrtc(test) {
+        return;
+    }
+    for ir in models() {
+        let kernels = model_kernels(&ir, Target::Cuda);
+        let mut module = String::from(PRELUDE);
+        for k in &kernels {
+            module.push_str(
+                k.source
+                    .strip_prefix(PRELUDE)
+                    .expect("kernels start with the prelude"),
+            );
+        }
+        let compiled = compile(&ir.model, &module, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            compiled.cubin.len() > 1000,
+            "{}: cubin of {} bytes",
+            ir.model,
+            compiled.cubin.len()
+        );
+        for k in &kernels {
+            assert!(
+                compiled.ptx.contains(&format!(".entry {}(", k.entry)),
+                "{}: no entry {} in the PTX",
+                ir.model,
+                k.entry
+            );
+        }
+        eprintln!(
+            "{}: {} kernels, {} bytes of PTX, {} of sm_90 cubin (NVRTC {:?})",
+            ir.model,
+            kernels.len(),
+            compiled.ptx.len(),
+            compiled.cubin.len(),
+            nvrtc_version().unwrap()
+        );
+    }
+}
+
+#[test]
+fn a_kernels_own_source_compiles_alone() {
+    let test = "a_kernels_own_source_compiles_alone";
+    if !nvrtc(test) {
+        return;
+    }
+    let ir = Gpt::graph().unwrap();
+    let kernels = model_kernels(&ir, Target::Cuda);
+    // The longest body: the backward pass's biggest fused group.
+    let k = kernels.iter().max_by_key(|k| k.source.len()).unwrap();
+    let compiled = compile(&k.name, &k.source, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(compiled.ptx.contains(&format!(".entry {}(", k.entry)));
+    assert!(!compiled.cubin.is_empty());
+}
+
+#[test]
+fn a_kernel_that_does_not_compile_is_an_error_with_nvrtcs_log() {
+    let test = "a_kernel_that_does_not_compile_is_an_error_with_nvrtcs_log";
+    if !nvrtc(test) {
+        return;
+    }
+    let err = compile(
+        "broken",
+        "extern \"C\" __global__ void broken() { undefined_call(); }",
+        "sm_90",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("broken") && err.contains("undefined_call"),
+        "{err}"
+    );
+}

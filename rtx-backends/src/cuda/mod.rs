@@ -1,0 +1,130 @@
+//! The CUDA backend (cargo feature `cuda`), so far its compiler half: CUDA C kernels emitted
+//! from the fusion plan (`rtx_ir::emit`, `Target::Cuda`) compiled by NVRTC to PTX and to a
+//! cubin for one architecture. NVRTC needs no GPU and no driver, so CI compiles every kernel
+//! of every model for `sm_90` (the H200) on a machine without either.
+//!
+//! cudarc loads `libnvrtc` at run time (`dynamic-loading`): building needs no CUDA toolkit,
+//! and a machine without the library gets [`GpuError::MissingLibrary`] from [`compile`].
+//! The pip wheel `nvidia-cuda-nvrtc-cu12` has it; put its `lib` folder on `LD_LIBRARY_PATH`.
+
+use std::ffi::{CString, c_char};
+
+use cudarc::nvrtc::{result, sys};
+
+pub use crate::gpu_error::{GpuError, Result};
+
+const NVRTC_HELP: &str = "install the wheel `nvidia-cuda-nvrtc-cu12` and put \
+     site-packages/nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH";
+
+/// A kernel compiled for one architecture.
+#[derive(Clone, Debug)]
+pub struct CompiledKernel {
+    pub name: String,
+    /// The architecture it was compiled for, e.g. `sm_90`.
+    pub arch: String,
+    /// PTX text (loadable by any driver at least as new as this NVRTC).
+    pub ptx: String,
+    /// The cubin for `arch` (empty when `arch` is a virtual `compute_XX`).
+    pub cubin: Vec<u8>,
+}
+
+/// Whether libnvrtc can be loaded on this machine.
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to open the library by its candidate names.
+    unsafe { sys::is_culib_present() }
+}
+
+/// NVRTC's version, `(major, minor)`.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    if !nvrtc_available() {
+        return Err(missing());
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is present; both pointers are valid for writes.
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| GpuError::Call(format!("nvrtcVersion: {e:?}")))?;
+    Ok((major, minor))
+}
+
+fn missing() -> GpuError {
+    GpuError::MissingLibrary {
+        library: "libnvrtc",
+        help: NVRTC_HELP,
+    }
+}
+
+/// Destroys the program on every path out of [`compile`].
+struct Program(sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_program` and destroyed once, here.
+        let _ = unsafe { result::destroy_program(self.0) };
+    }
+}
+
+fn text(chars: &[c_char]) -> String {
+    let bytes: Vec<u8> = chars
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Compiles `source` (one translation unit; `name` for errors) for `arch`: `sm_90` gives PTX
+/// and a cubin, `compute_90` PTX only. Extra NVRTC options go in `options`.
+pub fn compile(name: &str, source: &str, arch: &str, options: &[&str]) -> Result<CompiledKernel> {
+    if !nvrtc_available() {
+        return Err(missing());
+    }
+    let compile_error = |message: String| GpuError::Compile {
+        name: name.to_string(),
+        message,
+    };
+    let src = CString::new(source).map_err(|_| compile_error("source holds a NUL byte".into()))?;
+    let file = CString::new(format!("{name}.cu"))
+        .map_err(|_| compile_error("name holds a NUL byte".into()))?;
+    let program = Program(
+        result::create_program(&src, Some(file.as_c_str()))
+            .map_err(|e| compile_error(format!("nvrtcCreateProgram: {e:?}")))?,
+    );
+    let mut opts = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+    ];
+    opts.extend(options.iter().map(|o| o.to_string()));
+    // SAFETY: `program` is a live program; options are plain strings.
+    if let Err(e) = unsafe { result::compile_program(program.0, &opts) } {
+        // SAFETY: as above.
+        let log = unsafe { result::get_program_log(program.0) }
+            .map(|l| text(&l))
+            .unwrap_or_default();
+        return Err(compile_error(format!("{e:?} with {opts:?}:\n{log}")));
+    }
+    // SAFETY: the program compiled.
+    let ptx = unsafe { result::get_ptx(program.0) }
+        .map_err(|e| compile_error(format!("nvrtcGetPTX: {e:?}")))?;
+    let cubin = if arch.starts_with("sm_") {
+        let mut size = 0usize;
+        // SAFETY: the program compiled for a real architecture; `size` is writable.
+        unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) }
+            .result()
+            .map_err(|e| compile_error(format!("nvrtcGetCUBINSize: {e:?}")))?;
+        let mut cubin = vec![0u8; size];
+        // SAFETY: `cubin` holds `size` bytes, as NVRTC asked.
+        unsafe { sys::nvrtcGetCUBIN(program.0, cubin.as_mut_ptr().cast()) }
+            .result()
+            .map_err(|e| compile_error(format!("nvrtcGetCUBIN: {e:?}")))?;
+        cubin
+    } else {
+        Vec::new()
+    };
+    Ok(CompiledKernel {
+        name: name.to_string(),
+        arch: arch.to_string(),
+        ptx: text(&ptx),
+        cubin,
+    })
+}
