@@ -1,4 +1,4 @@
-//! Every fused kernel of every model, emitted as WGSL, run on the wgpu adapter (llvmpipe in
+//! Every fused kernel (pointwise and row groups) of every model, emitted as WGSL, run on the wgpu adapter (llvmpipe in
 //! CI) on fresh random inputs and compared with the CPU's scalar functions element by
 //! element: at f32 within 1e-4 relative (1e-7 absolute near zero), the rounding groups bit for
 //! bit. Needs `--features wgpu`; without an adapter each test says it was skipped, by name
@@ -12,8 +12,8 @@ use models::gpt::Gpt;
 use models::mlp::Mlp;
 use rtx_backends::cpu::scalar::{self, HalfType, Rounding};
 use rtx_backends::wgpu::{Kernel, WgpuDevice};
-use rtx_core::ir::emit::{Meta, POINTWISE_GROUP, Target, fused_kernel, passes};
-use rtx_core::ir::fusion::{Instr, Operand, Pointwise, Step, rounding_only};
+use rtx_core::ir::emit::{Meta, POINTWISE_GROUP, ROWS_GROUP, Target, fused_kernel, kernel, passes};
+use rtx_core::ir::fusion::{Instr, Operand, Pointwise, RowInstr, RowReduce, Step, rounding_only};
 use rtx_core::ir::{Cmp, Graph, ModelIr, NodeId};
 
 fn device(test: &str) -> Option<WgpuDevice> {
@@ -380,4 +380,207 @@ fn every_pointwise_function_of_the_wgsl_prelude_matches_the_cpu() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// One row group's CPU meaning, row by row: wide values per column, reductions in f64 (as
+/// `cpu::reduce::row_sum`), row scalars once.
+#[allow(clippy::too_many_arguments)]
+fn rows_on_cpu(
+    body: &[RowInstr],
+    outputs: &[NodeId],
+    wide_out: &[bool],
+    host: &[(Vec<f32>, Vec<u32>)],
+    varies: &[bool],
+    shape: &[usize],
+) -> Vec<Vec<f32>> {
+    let cols = *shape.last().unwrap();
+    let rows = shape.iter().product::<usize>() / cols.max(1);
+    let mut out: Vec<Vec<f32>> = wide_out
+        .iter()
+        .map(|&w| vec![0.0; if w { rows * cols } else { rows }])
+        .collect();
+    for r in 0..rows {
+        // Each input's offset of this row's first column.
+        let mut base = vec![0usize; host.len()];
+        let mut rest = r;
+        for axis in (0..shape.len() - 1).rev() {
+            let c = rest % shape[axis];
+            rest /= shape[axis];
+            for (b, (_, st)) in base.iter_mut().zip(host) {
+                *b += c * st[axis] as usize;
+            }
+        }
+        let last = shape.len() - 1;
+        let mut scalars: HashMap<NodeId, f32> = HashMap::new();
+        let mut wide: Vec<HashMap<NodeId, f32>> = vec![HashMap::new(); cols];
+        let value = |a: &Operand,
+                     j: usize,
+                     scalars: &HashMap<NodeId, f32>,
+                     wide: &[HashMap<NodeId, f32>]| match *a {
+            Operand::Input(i) if varies[i] => host[i].0[base[i] + j * host[i].1[last] as usize],
+            Operand::Input(i) => host[i].0[base[i]],
+            Operand::Node(n) => wide[j].get(&n).copied().unwrap_or_else(|| scalars[&n]),
+            Operand::Const(c) => c as f32,
+            Operand::RowLen => cols as f32,
+        };
+        for step in body {
+            match step {
+                RowInstr::Map { instr, wide: true } => {
+                    for j in 0..cols {
+                        let args: Vec<f32> = instr
+                            .args
+                            .iter()
+                            .map(|a| value(a, j, &scalars, &wide))
+                            .collect();
+                        let v = eval(instr.op, &args, Rounding::NONE);
+                        wide[j].insert(instr.node, v);
+                    }
+                }
+                RowInstr::Map { instr, wide: false } => {
+                    let args: Vec<f32> = instr
+                        .args
+                        .iter()
+                        .map(|a| value(a, 0, &scalars, &wide))
+                        .collect();
+                    scalars.insert(instr.node, eval(instr.op, &args, Rounding::NONE));
+                }
+                RowInstr::Reduce { node, op, arg } => {
+                    let vals: Vec<f32> =
+                        (0..cols).map(|j| value(arg, j, &scalars, &wide)).collect();
+                    let v = match op {
+                        RowReduce::Sum => vals.iter().map(|&v| v as f64).sum::<f64>() as f32,
+                        RowReduce::Mean => {
+                            (vals.iter().map(|&v| v as f64).sum::<f64>() / cols as f64) as f32
+                        }
+                        RowReduce::Max => vals.iter().fold(f32::NEG_INFINITY, |acc, &v| {
+                            if v > acc || (v.is_nan() && !acc.is_nan()) {
+                                v
+                            } else {
+                                acc
+                            }
+                        }),
+                    };
+                    scalars.insert(*node, v);
+                }
+            }
+        }
+        for (m, &o) in outputs.iter().enumerate() {
+            if wide_out[m] {
+                for j in 0..cols {
+                    out[m][r * cols + j] = wide[j].get(&o).copied().unwrap_or_else(|| scalars[&o]);
+                }
+            } else {
+                out[m][r] = scalars[&o];
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_row_group_kernel_of_every_model_matches_the_cpu_at_f32() {
+    let test = "every_row_group_kernel_of_every_model_matches_the_cpu_at_f32";
+    let Some(d) = device(test) else { return };
+    let mut rng = Rng(0x0bad_5eed_1234_5678);
+    let (mut seen, mut failures, mut ran, mut worst) = (HashSet::new(), Vec::new(), 0, 0f32);
+    for ir in models() {
+        for f in &ir.functions {
+            let env: HashMap<String, i64> = f.symbols.iter().map(|s| (s.clone(), 3)).collect();
+            for (pass, steps) in passes(f) {
+                for (i, step) in steps.iter().enumerate() {
+                    let Step::Rows {
+                        shape_of,
+                        inputs,
+                        body,
+                        outputs,
+                    } = step
+                    else {
+                        continue;
+                    };
+                    let name = format!("{}_{}_{pass}_{i}", ir.model, f.name);
+                    let k = kernel(&f.graph, step, &name, Target::Wgsl).unwrap();
+                    if !seen.insert(k.source.clone()) {
+                        continue;
+                    }
+                    ran += 1;
+                    let shape = dims(&f.graph, *shape_of, &env);
+                    let n: usize = shape.iter().product();
+                    let cols = *shape.last().unwrap();
+                    let mut host = Vec::new();
+                    let mut buffers = Vec::new();
+                    for &inp in inputs.iter() {
+                        let s = dims(&f.graph, inp, &env);
+                        let values: Vec<f32> = (0..s.iter().product::<usize>())
+                            .map(|_| rng.next())
+                            .collect();
+                        buffers.push(d.upload_f32(&values).unwrap());
+                        host.push((values, broadcast_strides(&s, &shape)));
+                    }
+                    let varies: Vec<bool> = inputs
+                        .iter()
+                        .map(|&i| dims(&f.graph, i, &env).last().is_some_and(|&v| v != 1))
+                        .collect();
+                    let wide_out: Vec<bool> = outputs
+                        .iter()
+                        .map(|&o| dims(&f.graph, o, &env) == shape)
+                        .collect();
+                    let outs: Vec<_> = wide_out
+                        .iter()
+                        .map(|&w| d.zeros(if w { n } else { n / cols }).unwrap())
+                        .collect();
+                    let shape32: Vec<u32> = shape.iter().map(|&v| v as u32).collect();
+                    let meta_inputs: Vec<(u32, Vec<u32>)> =
+                        host.iter().map(|(_, s)| (0, s.clone())).collect();
+                    let meta = Meta::words(&shape32, &meta_inputs, Rounding::NONE.words());
+                    let kern = Kernel {
+                        name: &name,
+                        source: &k.source,
+                        entry: &k.entry,
+                    };
+                    let ins: Vec<_> = buffers.iter().collect();
+                    let outr: Vec<_> = outs.iter().collect();
+                    if let Err(e) = d.run_pointwise(&kern, &meta, &ins, &outr, n / cols, ROWS_GROUP)
+                    {
+                        failures.push(format!("{name}: {e}"));
+                        continue;
+                    }
+                    let want = rows_on_cpu(body, outputs, &wide_out, &host, &varies, &shape);
+                    'outs: for (m, o) in outs.iter().enumerate() {
+                        let got = d.read_f32(o).unwrap();
+                        // A reduction sums in f32 on the GPU and in f64 here, and a value
+                        // that cancels (x - mean) keeps that sum's absolute error: allow
+                        // 1e-4 relative plus 1e-5 of the output's largest magnitude.
+                        let scale = want[m]
+                            .iter()
+                            .filter(|v| v.is_finite())
+                            .fold(0f32, |a, v| a.max(v.abs()));
+                        for (e, (&w, &g)) in want[m].iter().zip(&got).enumerate() {
+                            if w.is_nan() && g.is_nan() {
+                                continue;
+                            }
+                            let err = (w - g).abs() / (1e-4 * w.abs() + 1e-5 * scale + 1e-30);
+                            if err.is_nan() || err > 1.0 {
+                                failures.push(format!(
+                                    "{name}: output {m} element {e}: cpu {w:e}, gpu {g:e}"
+                                ));
+                                break 'outs;
+                            }
+                            worst = worst.max(err);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{test}: {ran} distinct row kernels on {}, worst error {worst:.3} of the tolerance",
+        d.describe()
+    );
+    assert!(ran > 0);
+    assert!(
+        failures.is_empty(),
+        "{} of {ran} differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -5,8 +5,10 @@
 //! output. Launch with [`POINTWISE_GROUP`] threads per block over a grid of
 //! `ceil(n / POINTWISE_GROUP)` blocks, split over `x` and `y` when above 65535.
 
-use super::{POINTWISE_GROUP, Spelling, body_lines, decimal};
+use super::rows::{self, RowSpelling};
+use super::{POINTWISE_GROUP, ROWS_GROUP, Spelling, body_lines, decimal};
 use crate::fusion::Instr;
+use crate::fusion::RowInstr;
 use crate::graph::NodeId;
 
 /// Put in front of a kernel for hiprtc: HIP spells the CUDA built-ins the same way, and
@@ -171,4 +173,100 @@ pub fn fused(name: &str, inputs: usize, body: &[Instr], outputs: &[NodeId]) -> S
     }
     k.push_str("}\n");
     k
+}
+
+impl RowSpelling for Cuda {
+    fn var(&self, name: &str, value: &str) -> String {
+        format!("    float {name} = {value};\n")
+    }
+
+    fn row_loop(&self, body: &str) -> String {
+        format!("    for (unsigned int j = 0u; j < cols; ++j) {{\n{body}    }}\n")
+    }
+
+    fn max_into(&self, acc: &str, v: &str) -> String {
+        format!("        if ({v} > {acc} || ({v} != {v} && {acc} == {acc})) {acc} = {v};\n")
+    }
+
+    fn cols_f32(&self) -> String {
+        "((float)cols)".to_string()
+    }
+}
+
+/// The kernel of one row group, named `name` (see `emit::rows`); launch one thread per row,
+/// [`ROWS_GROUP`] per block.
+pub fn rows(
+    name: &str,
+    varies: &[bool],
+    body: &[RowInstr],
+    outputs: &[NodeId],
+    wide_out: &[bool],
+) -> String {
+    let s = Cuda;
+    let inputs = varies.len();
+    let mut k = String::from(PRELUDE);
+    let mut params = vec!["const unsigned int* __restrict__ params".to_string()];
+    params.extend((0..inputs).map(|i| format!("const float* __restrict__ in{i}")));
+    params.extend((0..outputs.len()).map(|o| format!("float* __restrict__ out{o}")));
+    k.push_str(&format!(
+        "\nextern \"C\" __global__ void {name}({}) {{\n    \
+         const unsigned int r = (blockIdx.y * gridDim.x + blockIdx.x) * {ROWS_GROUP}u + threadIdx.x;\n    \
+         const unsigned int rank = params[1];\n    \
+         const unsigned int cols = params[1u + rank];\n    \
+         if (cols == 0u || r >= params[0] / cols) return;\n",
+        params.join(", ")
+    ));
+    for i in 0..inputs {
+        k.push_str(&format!(
+            "    const unsigned int base{i} = 2u + rank + {i}u * (rank + 1u);\n    \
+             unsigned int o{i} = params[base{i}];\n    \
+             const unsigned int st{i} = params[base{i} + rank];\n"
+        ));
+    }
+    if inputs > 0 {
+        k.push_str(
+            "    unsigned int rest = r;\n    for (unsigned int d = rank - 1u; d > 0u; --d) {\n",
+        );
+        k.push_str("        const unsigned int size = params[1u + d];\n");
+        k.push_str("        const unsigned int c = rest % size;\n        rest /= size;\n");
+        for i in 0..inputs {
+            k.push_str(&format!("        o{i} += c * params[base{i} + d];\n"));
+        }
+        k.push_str("    }\n");
+    }
+    k.push_str(&rounding(inputs));
+    for (i, &v) in varies.iter().enumerate() {
+        if !v {
+            k.push_str(&format!("    const float x{i} = in{i}[o{i}];\n"));
+        }
+    }
+    let read = || {
+        varies
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| **v)
+            .map(|(i, _)| format!("        const float x{i} = in{i}[o{i} + j * st{i}];\n"))
+            .collect::<String>()
+    };
+    let wide = |m: usize, v: &str| format!("        out{m}[r * cols + j] = {v};\n");
+    let scalar = |m: usize, v: &str| format!("    out{m}[r] = {v};\n");
+    k.push_str(&rows::body(
+        &s, body, outputs, wide_out, &read, &wide, &scalar,
+    ));
+    k.push_str("}\n");
+    k
+}
+
+fn rounding(inputs: usize) -> String {
+    format!(
+        "    const unsigned int rb = 2u + rank + {inputs}u * (rank + 1u);\n    \
+         Rounding rounding;\n    \
+         rounding.bias = params[rb]; rounding.shift = params[rb + 1u];\n    \
+         rounding.lsb = params[rb + 2u]; rounding.keep = params[rb + 3u];\n    \
+         rounding.smallest_normal = __uint_as_float(params[rb + 4u]);\n    \
+         rounding.overflow = __uint_as_float(params[rb + 5u]);\n    \
+         rounding.grad_scale = __uint_as_float(params[rb + 6u]);\n    \
+         rounding.grad_inv = __uint_as_float(params[rb + 7u]);\n    \
+         (void)rounding;\n"
+    )
 }

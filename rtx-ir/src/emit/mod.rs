@@ -14,10 +14,11 @@
 //! results agree to a few ulp.
 
 pub mod cuda;
+mod rows;
 pub mod wgsl;
 
 use crate::fusion::{Instr, Operand, Pointwise, Step, plan};
-use crate::graph::{GraphFn, ModelIr};
+use crate::graph::{Graph, GraphFn, ModelIr};
 
 /// Where a kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,6 +46,9 @@ pub struct KernelSource {
 
 /// Threads per workgroup (WGSL) or block (CUDA) of a fused pointwise kernel.
 pub const POINTWISE_GROUP: u32 = 256;
+
+/// Threads (one per row) per workgroup or block of a row-group kernel.
+pub const ROWS_GROUP: u32 = 64;
 
 /// The run-time words of a fused pointwise kernel, in this order:
 ///
@@ -108,6 +112,48 @@ pub fn fused_kernel(step: &Step, name: &str, target: Target) -> Option<KernelSou
     })
 }
 
+/// The kernel of `step` of `graph` for `target`: fused pointwise groups and row groups;
+/// `None` for steps the backend runs with its own kernels.
+pub fn kernel(graph: &Graph, step: &Step, name: &str, target: Target) -> Option<KernelSource> {
+    if let Some(k) = fused_kernel(step, name, target) {
+        return Some(k);
+    }
+    let Step::Rows {
+        shape_of,
+        inputs,
+        body,
+        outputs,
+    } = step
+    else {
+        return None;
+    };
+    let wide_shape = &graph.node(*shape_of).shape;
+    // An input varies along the row unless its last axis is 1 (or it has none), as on the CPU.
+    let varies: Vec<bool> = inputs
+        .iter()
+        .map(|&i| graph.node(i).shape.last().is_some_and(|d| !d.is_one()))
+        .collect();
+    let wide_out: Vec<bool> = outputs
+        .iter()
+        .map(|&o| &graph.node(o).shape == wide_shape)
+        .collect();
+    let source = match target {
+        Target::Wgsl => wgsl::rows(&varies, body, outputs, &wide_out),
+        Target::Cuda => cuda::rows(name, &varies, body, outputs, &wide_out),
+    };
+    Some(KernelSource {
+        name: name.to_string(),
+        target,
+        entry: match target {
+            Target::Wgsl => "main".to_string(),
+            Target::Cuda => name.to_string(),
+        },
+        source,
+        inputs: inputs.len(),
+        outputs: outputs.len(),
+    })
+}
+
 /// The two plans the compiled code runs for `f`: the forward pass alone (`forward`), and
 /// the forward and backward passes together (`all`) when it has gradients.
 pub fn passes(f: &GraphFn) -> Vec<(&'static str, Vec<Step>)> {
@@ -120,14 +166,14 @@ pub fn passes(f: &GraphFn) -> Vec<(&'static str, Vec<Step>)> {
     out
 }
 
-/// Every fused pointwise kernel of every function of `ir`, for `target`.
+/// Every fused pointwise and row-group kernel of every function of `ir`, for `target`.
 pub fn model_kernels(ir: &ModelIr, target: Target) -> Vec<KernelSource> {
     let mut out = Vec::new();
     for f in &ir.functions {
         for (pass, steps) in passes(f) {
             for (i, step) in steps.iter().enumerate() {
                 let name = format!("{}_{}_{}_{}", ir.model.to_lowercase(), f.name, pass, i);
-                out.extend(fused_kernel(step, &name, target));
+                out.extend(kernel(&f.graph, step, &name, target));
             }
         }
     }
@@ -174,7 +220,7 @@ pub(crate) fn body_lines(s: &dyn Spelling, body: &[Instr]) -> Vec<String> {
         .collect()
 }
 
-fn call(s: &dyn Spelling, op: Pointwise, args: &[String]) -> String {
+pub(crate) fn call(s: &dyn Spelling, op: Pointwise, args: &[String]) -> String {
     let name = op.name();
     match op {
         Pointwise::Autocast | Pointwise::AutocastGrad => {

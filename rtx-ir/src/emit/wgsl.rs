@@ -3,8 +3,10 @@
 //! Buffers: binding 0 holds the [`Meta`](super::Meta) words, then one read-only binding per
 //! input, then one read-write binding per output, all in group 0.
 
-use super::{POINTWISE_GROUP, Spelling, body_lines, decimal};
+use super::rows::{self, RowSpelling};
+use super::{POINTWISE_GROUP, ROWS_GROUP, Spelling, body_lines, decimal};
 use crate::fusion::Instr;
+use crate::fusion::RowInstr;
 use crate::graph::NodeId;
 
 /// The scalar functions, one per [`Pointwise`](crate::fusion::Pointwise) name, to the
@@ -187,4 +189,103 @@ pub fn fused(inputs: usize, body: &[Instr], outputs: &[NodeId]) -> String {
     }
     k.push_str("}\n");
     k
+}
+
+impl RowSpelling for Wgsl {
+    fn var(&self, name: &str, value: &str) -> String {
+        format!("    var {name}: f32 = {value};\n")
+    }
+
+    fn row_loop(&self, body: &str) -> String {
+        format!("    for (var j = 0u; j < cols; j = j + 1u) {{\n{body}    }}\n")
+    }
+
+    fn max_into(&self, acc: &str, v: &str) -> String {
+        format!(
+            "        {acc} = select({acc}, {v}, {v} > {acc} || ({v} != {v} && {acc} == {acc}));\n"
+        )
+    }
+
+    fn cols_f32(&self) -> String {
+        "f32(cols)".to_string()
+    }
+}
+
+/// The kernel of one row group (entry point `main`; see `emit::rows`).
+pub fn rows(varies: &[bool], body: &[RowInstr], outputs: &[NodeId], wide_out: &[bool]) -> String {
+    let s = Wgsl;
+    let inputs = varies.len();
+    let mut k = String::from(PRELUDE);
+    k.push_str(&bindings(inputs, outputs.len()));
+    k.push_str(&format!(
+        "\n@compute @workgroup_size({ROWS_GROUP})\n\
+         fn main(@builtin(global_invocation_id) gid: vec3<u32>,\n        \
+         @builtin(num_workgroups) groups: vec3<u32>) {{\n    \
+         let r = gid.x + gid.y * groups.x * {ROWS_GROUP}u;\n    \
+         let rank = params[1];\n    \
+         let cols = params[1u + rank];\n    \
+         if (cols == 0u || r >= params[0] / cols) {{ return; }}\n"
+    ));
+    for i in 0..inputs {
+        k.push_str(&format!(
+            "    let base{i} = 2u + rank + {i}u * (rank + 1u);\n    \
+             var o{i} = params[base{i}];\n    let st{i} = params[base{i} + rank];\n"
+        ));
+    }
+    if inputs > 0 {
+        k.push_str("    var rest = r;\n    for (var d = rank - 1u; d > 0u; d = d - 1u) {\n");
+        k.push_str("        let size = params[1u + d];\n");
+        k.push_str("        let c = rest % size;\n        rest = rest / size;\n");
+        for i in 0..inputs {
+            k.push_str(&format!("        o{i} = o{i} + c * params[base{i} + d];\n"));
+        }
+        k.push_str("    }\n");
+    }
+    k.push_str(&rounding(inputs));
+    for (i, &v) in varies.iter().enumerate() {
+        if !v {
+            k.push_str(&format!("    let x{i} = in{i}[o{i}];\n"));
+        }
+    }
+    let read = || {
+        varies
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| **v)
+            .map(|(i, _)| format!("        let x{i} = in{i}[o{i} + j * st{i}];\n"))
+            .collect::<String>()
+    };
+    let wide = |m: usize, v: &str| format!("        out{m}[r * cols + j] = {v};\n");
+    let scalar = |m: usize, v: &str| format!("    out{m}[r] = {v};\n");
+    k.push_str(&rows::body(
+        &s, body, outputs, wide_out, &read, &wide, &scalar,
+    ));
+    k.push_str("}\n");
+    k
+}
+
+fn bindings(inputs: usize, outputs: usize) -> String {
+    let mut k = String::from("\n@group(0) @binding(0) var<storage, read> params: array<u32>;\n");
+    for i in 0..inputs {
+        k.push_str(&format!(
+            "@group(0) @binding({}) var<storage, read> in{i}: array<f32>;\n",
+            1 + i
+        ));
+    }
+    for o in 0..outputs {
+        k.push_str(&format!(
+            "@group(0) @binding({}) var<storage, read_write> out{o}: array<f32>;\n",
+            1 + inputs + o
+        ));
+    }
+    k
+}
+
+fn rounding(inputs: usize) -> String {
+    format!(
+        "    let rb = 2u + rank + {inputs}u * (rank + 1u);\n    \
+         let rounding = Rounding(params[rb], params[rb + 1u], params[rb + 2u], params[rb + 3u],\n        \
+         bitcast<f32>(params[rb + 4u]), bitcast<f32>(params[rb + 5u]),\n        \
+         bitcast<f32>(params[rb + 6u]), bitcast<f32>(params[rb + 7u]));\n"
+    )
 }
