@@ -584,3 +584,61 @@ fn every_row_group_kernel_of_every_model_matches_the_cpu_at_f32() {
         failures.join("\n")
     );
 }
+
+#[test]
+fn a_pointwise_kernel_reads_a_transposed_input_at_an_offset_through_its_strides() {
+    let test = "a_pointwise_kernel_reads_a_transposed_input_at_an_offset_through_its_strides";
+    let Some(d) = device(test) else { return };
+    // out[i][j] = a[j][i] + b[j] for a [29, 37] buffer read from element 5 on, as its
+    // transpose [37, 29], and b a broadcast [29] row.
+    let (rows, cols, offset) = (37usize, 29usize, 5usize);
+    let mut rng = Rng(0x5151_7e57_0ff5_e7a1);
+    let a: Vec<f32> = (0..offset + rows * cols).map(|_| rng.next()).collect();
+    let b: Vec<f32> = (0..cols).map(|_| rng.next()).collect();
+    let body = vec![Instr {
+        node: 2,
+        op: Pointwise::Add,
+        args: vec![Operand::Input(0), Operand::Input(1)],
+    }];
+    let step = Step::Fused {
+        shape_of: 2,
+        inputs: vec![0, 1],
+        body,
+        outputs: vec![2],
+    };
+    let k = fused_kernel(&step, "transposed_add", Target::Wgsl).unwrap();
+    let meta = Meta::words(
+        &[rows as u32, cols as u32],
+        &[(offset as u32, vec![1, rows as u32]), (0, vec![0, 1])],
+        Rounding::NONE.words(),
+    );
+    let (ba, bb, out) = (
+        d.upload_f32(&a).unwrap(),
+        d.upload_f32(&b).unwrap(),
+        d.zeros(rows * cols).unwrap(),
+    );
+    let kernel = Kernel {
+        name: &k.name,
+        source: &k.source,
+        entry: &k.entry,
+    };
+    d.run_pointwise(
+        &kernel,
+        &meta,
+        &[&ba, &bb],
+        &[&out],
+        rows * cols,
+        POINTWISE_GROUP,
+    )
+    .unwrap();
+    let got = d.read_f32(&out).unwrap();
+    for i in 0..rows {
+        for j in 0..cols {
+            assert_eq!(
+                got[i * cols + j],
+                a[offset + j * rows + i] + b[j],
+                "element ({i}, {j})"
+            );
+        }
+    }
+}
