@@ -125,42 +125,16 @@ impl Spelling for Cuda {
 pub fn fused(name: &str, inputs: usize, body: &[Instr], outputs: &[NodeId]) -> String {
     let s = Cuda;
     let mut k = String::from(PRELUDE);
-    let mut params = vec!["const unsigned int* __restrict__ params".to_string()];
-    params.extend((0..inputs).map(|i| format!("const float* __restrict__ in{i}")));
-    params.extend((0..outputs.len()).map(|o| format!("float* __restrict__ out{o}")));
+    let params = parameters(inputs, outputs.len());
     k.push_str(&format!(
         "\nextern \"C\" __global__ void {name}({}) {{\n    \
          const unsigned int i = (blockIdx.y * gridDim.x + blockIdx.x) * {POINTWISE_GROUP}u + threadIdx.x;\n    \
          if (i >= params[0]) return;\n    \
          const unsigned int rank = params[1];\n",
-        params.join(", ")
+        params
     ));
-    for i in 0..inputs {
-        k.push_str(&format!(
-            "    const unsigned int base{i} = 2u + rank + {i}u * (rank + 1u);\n    \
-             unsigned int o{i} = params[base{i}];\n"
-        ));
-    }
-    if inputs > 0 {
-        k.push_str("    unsigned int rest = i;\n    for (unsigned int d = rank; d > 0u; --d) {\n");
-        k.push_str("        const unsigned int size = params[1u + d];\n");
-        k.push_str("        const unsigned int c = rest % size;\n        rest /= size;\n");
-        for i in 0..inputs {
-            k.push_str(&format!("        o{i} += c * params[base{i} + d];\n"));
-        }
-        k.push_str("    }\n");
-    }
-    k.push_str(&format!(
-        "    const unsigned int rb = 2u + rank + {inputs}u * (rank + 1u);\n    \
-         Rounding rounding;\n    \
-         rounding.bias = params[rb]; rounding.shift = params[rb + 1u];\n    \
-         rounding.lsb = params[rb + 2u]; rounding.keep = params[rb + 3u];\n    \
-         rounding.smallest_normal = __uint_as_float(params[rb + 4u]);\n    \
-         rounding.overflow = __uint_as_float(params[rb + 5u]);\n    \
-         rounding.grad_scale = __uint_as_float(params[rb + 6u]);\n    \
-         rounding.grad_inv = __uint_as_float(params[rb + 7u]);\n    \
-         (void)rounding;\n"
-    ));
+    k.push_str(&offsets(inputs, false));
+    k.push_str(&rounding(inputs));
     for i in 0..inputs {
         k.push_str(&format!("    const float x{i} = in{i}[o{i}];\n"));
     }
@@ -205,35 +179,16 @@ pub fn rows(
     let s = Cuda;
     let inputs = varies.len();
     let mut k = String::from(PRELUDE);
-    let mut params = vec!["const unsigned int* __restrict__ params".to_string()];
-    params.extend((0..inputs).map(|i| format!("const float* __restrict__ in{i}")));
-    params.extend((0..outputs.len()).map(|o| format!("float* __restrict__ out{o}")));
+    let params = parameters(inputs, outputs.len());
     k.push_str(&format!(
         "\nextern \"C\" __global__ void {name}({}) {{\n    \
          const unsigned int r = (blockIdx.y * gridDim.x + blockIdx.x) * {ROWS_GROUP}u + threadIdx.x;\n    \
          const unsigned int rank = params[1];\n    \
          const unsigned int cols = params[1u + rank];\n    \
          if (cols == 0u || r >= params[0] / cols) return;\n",
-        params.join(", ")
+        params
     ));
-    for i in 0..inputs {
-        k.push_str(&format!(
-            "    const unsigned int base{i} = 2u + rank + {i}u * (rank + 1u);\n    \
-             unsigned int o{i} = params[base{i}];\n    \
-             const unsigned int st{i} = params[base{i} + rank];\n"
-        ));
-    }
-    if inputs > 0 {
-        k.push_str(
-            "    unsigned int rest = r;\n    for (unsigned int d = rank - 1u; d > 0u; --d) {\n",
-        );
-        k.push_str("        const unsigned int size = params[1u + d];\n");
-        k.push_str("        const unsigned int c = rest % size;\n        rest /= size;\n");
-        for i in 0..inputs {
-            k.push_str(&format!("        o{i} += c * params[base{i} + d];\n"));
-        }
-        k.push_str("    }\n");
-    }
+    k.push_str(&offsets(inputs, true));
     k.push_str(&rounding(inputs));
     for (i, &v) in varies.iter().enumerate() {
         if !v {
@@ -254,6 +209,49 @@ pub fn rows(
         &s, body, outputs, wide_out, &read, &wide, &scalar,
     ));
     k.push_str("}\n");
+    k
+}
+
+/// The kernel's parameter list: meta words, inputs, outputs.
+fn parameters(inputs: usize, outputs: usize) -> String {
+    let mut params = vec!["const unsigned int* __restrict__ params".to_string()];
+    params.extend((0..inputs).map(|i| format!("const float* __restrict__ in{i}")));
+    params.extend((0..outputs).map(|o| format!("float* __restrict__ out{o}")));
+    params.join(", ")
+}
+
+/// Each input's offset at the thread's element (`rows == false`, counted by `i`) or at the
+/// first column of its row (`rows`, counted by `r`, also reading the last axis's stride
+/// `st{i}`): from its base word, adding coordinate times stride from the innermost axis out.
+fn offsets(inputs: usize, rows: bool) -> String {
+    let mut k = String::new();
+    for i in 0..inputs {
+        k.push_str(&format!(
+            "    const unsigned int base{i} = 2u + rank + {i}u * (rank + 1u);\n    \
+             unsigned int o{i} = params[base{i}];\n"
+        ));
+        if rows {
+            k.push_str(&format!(
+                "    const unsigned int st{i} = params[base{i} + rank];\n"
+            ));
+        }
+    }
+    if inputs > 0 {
+        let (index, first) = if rows {
+            ("r", "rank - 1u")
+        } else {
+            ("i", "rank")
+        };
+        k.push_str(&format!(
+            "    unsigned int rest = {index};\n    for (unsigned int d = {first}; d > 0u; --d) {{\n"
+        ));
+        k.push_str("        const unsigned int size = params[1u + d];\n");
+        k.push_str("        const unsigned int c = rest % size;\n        rest /= size;\n");
+        for i in 0..inputs {
+            k.push_str(&format!("        o{i} += c * params[base{i} + d];\n"));
+        }
+        k.push_str("    }\n");
+    }
     k
 }
 

@@ -44,6 +44,23 @@ pub struct KernelSource {
     pub outputs: usize,
 }
 
+impl KernelSource {
+    /// WGSL kernels enter at `main`; CUDA and HIP ones at their own (`extern "C"`) name.
+    fn new(name: &str, target: Target, source: String, inputs: usize, outputs: usize) -> Self {
+        KernelSource {
+            name: name.to_string(),
+            target,
+            entry: match target {
+                Target::Wgsl => "main".to_string(),
+                Target::Cuda => name.to_string(),
+            },
+            source,
+            inputs,
+            outputs,
+        }
+    }
+}
+
 /// Threads per workgroup (WGSL) or block (CUDA) of a fused pointwise kernel.
 pub const POINTWISE_GROUP: u32 = 256;
 
@@ -99,17 +116,13 @@ pub fn fused_kernel(step: &Step, name: &str, target: Target) -> Option<KernelSou
         Target::Wgsl => wgsl::fused(inputs.len(), body, outputs),
         Target::Cuda => cuda::fused(name, inputs.len(), body, outputs),
     };
-    Some(KernelSource {
-        name: name.to_string(),
+    Some(KernelSource::new(
+        name,
         target,
-        entry: match target {
-            Target::Wgsl => "main".to_string(),
-            Target::Cuda => name.to_string(),
-        },
         source,
-        inputs: inputs.len(),
-        outputs: outputs.len(),
-    })
+        inputs.len(),
+        outputs.len(),
+    ))
 }
 
 /// The kernel of `step` of `graph` for `target`: fused pointwise groups and row groups;
@@ -141,17 +154,13 @@ pub fn kernel(graph: &Graph, step: &Step, name: &str, target: Target) -> Option<
         Target::Wgsl => wgsl::rows(&varies, body, outputs, &wide_out),
         Target::Cuda => cuda::rows(name, &varies, body, outputs, &wide_out),
     };
-    Some(KernelSource {
-        name: name.to_string(),
+    Some(KernelSource::new(
+        name,
         target,
-        entry: match target {
-            Target::Wgsl => "main".to_string(),
-            Target::Cuda => name.to_string(),
-        },
         source,
-        inputs: inputs.len(),
-        outputs: outputs.len(),
-    })
+        inputs.len(),
+        outputs.len(),
+    ))
 }
 
 /// The two plans the compiled code runs for `f`: the forward pass alone (`forward`), and

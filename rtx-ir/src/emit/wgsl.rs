@@ -134,19 +134,7 @@ impl Spelling for Wgsl {
 pub fn fused(inputs: usize, body: &[Instr], outputs: &[NodeId]) -> String {
     let s = Wgsl;
     let mut k = String::from(PRELUDE);
-    k.push_str("\n@group(0) @binding(0) var<storage, read> params: array<u32>;\n");
-    for i in 0..inputs {
-        k.push_str(&format!(
-            "@group(0) @binding({}) var<storage, read> in{i}: array<f32>;\n",
-            1 + i
-        ));
-    }
-    for o in 0..outputs.len() {
-        k.push_str(&format!(
-            "@group(0) @binding({}) var<storage, read_write> out{o}: array<f32>;\n",
-            1 + inputs + o
-        ));
-    }
+    k.push_str(&bindings(inputs, outputs.len()));
     k.push_str(&format!(
         "\n@compute @workgroup_size({POINTWISE_GROUP})\n\
          fn main(@builtin(global_invocation_id) gid: vec3<u32>,\n        \
@@ -155,28 +143,8 @@ pub fn fused(inputs: usize, body: &[Instr], outputs: &[NodeId]) -> String {
          if (i >= params[0]) {{ return; }}\n    \
          let rank = params[1];\n"
     ));
-    // Each input's offset starts at its base word; the loop adds coordinate times stride
-    // from the innermost axis out.
-    for i in 0..inputs {
-        k.push_str(&format!(
-            "    let base{i} = 2u + rank + {i}u * (rank + 1u);\n    var o{i} = params[base{i}];\n"
-        ));
-    }
-    if inputs > 0 {
-        k.push_str("    var rest = i;\n    for (var d = rank; d > 0u; d = d - 1u) {\n");
-        k.push_str("        let size = params[1u + d];\n");
-        k.push_str("        let c = rest % size;\n        rest = rest / size;\n");
-        for i in 0..inputs {
-            k.push_str(&format!("        o{i} = o{i} + c * params[base{i} + d];\n"));
-        }
-        k.push_str("    }\n");
-    }
-    k.push_str(&format!(
-        "    let rb = 2u + rank + {inputs}u * (rank + 1u);\n    \
-         let rounding = Rounding(params[rb], params[rb + 1u], params[rb + 2u], params[rb + 3u],\n        \
-         bitcast<f32>(params[rb + 4u]), bitcast<f32>(params[rb + 5u]),\n        \
-         bitcast<f32>(params[rb + 6u]), bitcast<f32>(params[rb + 7u]));\n"
-    ));
+    k.push_str(&offsets(inputs, false));
+    k.push_str(&rounding(inputs));
     for i in 0..inputs {
         k.push_str(&format!("    let x{i} = in{i}[o{i}];\n"));
     }
@@ -226,21 +194,7 @@ pub fn rows(varies: &[bool], body: &[RowInstr], outputs: &[NodeId], wide_out: &[
          let cols = params[1u + rank];\n    \
          if (cols == 0u || r >= params[0] / cols) {{ return; }}\n"
     ));
-    for i in 0..inputs {
-        k.push_str(&format!(
-            "    let base{i} = 2u + rank + {i}u * (rank + 1u);\n    \
-             var o{i} = params[base{i}];\n    let st{i} = params[base{i} + rank];\n"
-        ));
-    }
-    if inputs > 0 {
-        k.push_str("    var rest = r;\n    for (var d = rank - 1u; d > 0u; d = d - 1u) {\n");
-        k.push_str("        let size = params[1u + d];\n");
-        k.push_str("        let c = rest % size;\n        rest = rest / size;\n");
-        for i in 0..inputs {
-            k.push_str(&format!("        o{i} = o{i} + c * params[base{i} + d];\n"));
-        }
-        k.push_str("    }\n");
-    }
+    k.push_str(&offsets(inputs, true));
     k.push_str(&rounding(inputs));
     for (i, &v) in varies.iter().enumerate() {
         if !v {
@@ -261,6 +215,38 @@ pub fn rows(varies: &[bool], body: &[RowInstr], outputs: &[NodeId], wide_out: &[
         &s, body, outputs, wide_out, &read, &wide, &scalar,
     ));
     k.push_str("}\n");
+    k
+}
+
+/// Each input's offset at the thread's element (`rows == false`, counted by `i`) or at the
+/// first column of its row (`rows`, counted by `r`, also reading the last axis's stride
+/// `st{i}`): from its base word, adding coordinate times stride from the innermost axis out.
+fn offsets(inputs: usize, rows: bool) -> String {
+    let mut k = String::new();
+    for i in 0..inputs {
+        k.push_str(&format!(
+            "    let base{i} = 2u + rank + {i}u * (rank + 1u);\n    var o{i} = params[base{i}];\n"
+        ));
+        if rows {
+            k.push_str(&format!("    let st{i} = params[base{i} + rank];\n"));
+        }
+    }
+    if inputs > 0 {
+        let (index, first) = if rows {
+            ("r", "rank - 1u")
+        } else {
+            ("i", "rank")
+        };
+        k.push_str(&format!(
+            "    var rest = {index};\n    for (var d = {first}; d > 0u; d = d - 1u) {{\n"
+        ));
+        k.push_str("        let size = params[1u + d];\n");
+        k.push_str("        let c = rest % size;\n        rest = rest / size;\n");
+        for i in 0..inputs {
+            k.push_str(&format!("        o{i} = o{i} + c * params[base{i} + d];\n"));
+        }
+        k.push_str("    }\n");
+    }
     k
 }
 
