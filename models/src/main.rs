@@ -82,6 +82,10 @@ enum Command {
         /// or f16 (f32 accumulation, f32 master weights; f16 with dynamic loss scaling).
         #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
         precision: PrecisionArg,
+        /// mlp, cnn: where training runs. `wgpu` (a binary built with `--features wgpu`)
+        /// runs every step on the first GPU wgpu finds (Mesa's llvmpipe without one).
+        #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+        device: DeviceArg,
     },
     /// Load weights from a safetensors file and report held-out accuracy.
     Eval {
@@ -122,6 +126,26 @@ enum Command {
         #[arg(long)]
         filter: Option<String>,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DeviceArg {
+    Cpu,
+    Wgpu,
+}
+
+impl DeviceArg {
+    fn open(self) -> rtx_core::Result<Device> {
+        match self {
+            DeviceArg::Cpu => Ok(Device::Cpu),
+            #[cfg(feature = "wgpu")]
+            DeviceArg::Wgpu => Device::wgpu(),
+            #[cfg(not(feature = "wgpu"))]
+            DeviceArg::Wgpu => Err(RtxError::Invalid(
+                "this binary was built without the `wgpu` feature; run `cargo run --release -p models --features wgpu -- train --device wgpu`".into(),
+            )),
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -301,6 +325,7 @@ fn main() -> ExitCode {
                 progress: true,
                 verbose: true,
                 precision: Precision::F32,
+                device: Device::Cpu,
             },
             None,
         ),
@@ -350,18 +375,22 @@ fn main() -> ExitCode {
             seed,
             save,
             precision,
+            device,
             ..
-        }) => train_and_report(
-            model,
-            &TrainConfig {
-                epochs,
-                seed,
-                progress: true,
-                verbose: true,
-                precision: precision.into(),
-            },
-            save,
-        ),
+        }) => device.open().and_then(|device| {
+            train_and_report(
+                model,
+                &TrainConfig {
+                    epochs,
+                    seed,
+                    progress: true,
+                    verbose: true,
+                    precision: precision.into(),
+                    device,
+                },
+                save,
+            )
+        }),
         Some(Command::Eval {
             model: Which::Mlp,
             load,

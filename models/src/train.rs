@@ -54,6 +54,9 @@ pub struct TrainConfig {
     pub verbose: bool,
     /// The precision of products (`Ctx::with_precision`); f16 scales the loss.
     pub precision: Precision,
+    /// Where the steps run (`Device::Cpu`, or a GPU with the `wgpu` feature); the trained
+    /// model comes back on the CPU.
+    pub device: Device,
 }
 
 #[derive(Clone, Debug)]
@@ -72,13 +75,18 @@ fn to_error(e: crate::data::DataError) -> RtxError {
 
 /// Fraction of rows whose arg-max logit is the label.
 pub fn accuracy<M: Classifier>(model: &M, data: &Digits) -> Result<f64> {
+    accuracy_on(model, data, &Device::Cpu)
+}
+
+/// [`accuracy`] with the forward pass on `device` (where the model's parameters are).
+pub fn accuracy_on<M: Classifier>(model: &M, data: &Digits, device: &Device) -> Result<f64> {
     if data.len == 0 {
         return Ok(0.0);
     }
     let idx: Vec<usize> = (0..data.len).collect();
     let (x, y) = data.batch(&idx);
     let logits = model
-        .forward(&Tensor::from_vec(x, &M::input_shape(data.len))?)?
+        .forward(&Tensor::from_vec(x, &M::input_shape(data.len))?.to(device)?)?
         .to_vec_f32()?;
     let correct = logits
         .chunks(10)
@@ -147,6 +155,7 @@ pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
     let (default_epochs, batch, lr) = M::defaults();
     let epochs = cfg.epochs.unwrap_or(default_epochs);
     let mut model = M::init(cfg.seed);
+    model.to(&cfg.device)?;
     let mut opt = Adam::new(lr);
     let mut rng = Rng::new(cfg.seed ^ 0x5EED);
     let mut ctx = Ctx::train(cfg.seed).with_precision(cfg.precision);
@@ -178,8 +187,8 @@ pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
         let mut total = 0.0f64;
         for chunk in order.chunks(batch) {
             let (x, y) = train_set.batch(chunk);
-            let x = Tensor::from_vec(x, &M::input_shape(chunk.len()))?;
-            let y = Tensor::from_i64(y, &[chunk.len()])?;
+            let x = Tensor::from_vec(x, &M::input_shape(chunk.len()))?.to(&cfg.device)?;
+            let y = Tensor::from_i64(y, &[chunk.len()])?.to(&cfg.device)?;
             let batch = (&x, &y);
             let loss = match scaler.as_mut() {
                 Some(s) => {
@@ -192,7 +201,7 @@ pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
         }
         let mean = (total / train_set.len as f64) as f32;
         epoch_losses.push(mean);
-        let acc = accuracy(&model, &test_set)?;
+        let acc = accuracy_on(&model, &test_set, &cfg.device)?;
         bar.set_message(format!("epoch {epoch} loss {mean:.4} test_acc {acc:.4}"));
         if cfg.verbose {
             bar.suspend(|| {
@@ -204,7 +213,8 @@ pub fn train<M: Classifier>(cfg: &TrainConfig) -> Result<(M, TrainReport)> {
         }
     }
     bar.finish_and_clear();
-    let test_accuracy = accuracy(&model, &test_set)?;
+    let test_accuracy = accuracy_on(&model, &test_set, &cfg.device)?;
+    model.to(&Device::Cpu)?;
     let report = TrainReport {
         model: M::NAME,
         epochs,

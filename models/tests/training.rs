@@ -16,6 +16,7 @@ fn config(epochs: usize, seed: u64) -> TrainConfig {
         progress: false,
         verbose: false,
         precision: rtx_core::Precision::F32,
+        device: rtx_core::Device::Cpu,
     }
 }
 

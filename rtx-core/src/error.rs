@@ -41,6 +41,17 @@ pub enum RtxError {
         requested: u128,
         limit: u128,
     },
+    /// Tensors of one call live on different devices.
+    #[error("device mismatch in {context}: expected {expected}, found {found}")]
+    DeviceMismatch {
+        context: String,
+        expected: String,
+        found: String,
+    },
+    /// A GPU backend could not run what was asked (a kernel that did not compile or launch,
+    /// an op it has no kernel for yet), in words naming the kernel or op.
+    #[error("{0}")]
+    Gpu(String),
     /// Anything else the user asked for that cannot be done, worded in full.
     #[error("{0}")]
     Invalid(String),
@@ -68,6 +79,25 @@ impl From<rtx_backends::cpu::KernelError> for RtxError {
                 limit,
             },
             other => RtxError::Invalid(other.to_string()),
+        }
+    }
+}
+
+#[cfg(feature = "wgpu")]
+impl From<rtx_backends::gpu_error::GpuError> for RtxError {
+    fn from(e: rtx_backends::gpu_error::GpuError) -> Self {
+        match e {
+            rtx_backends::gpu_error::GpuError::OutOfMemory { requested } => RtxError::OutOfMemory {
+                context: "GPU buffer".into(),
+                requested: requested as u128,
+                limit: 0,
+            },
+            rtx_backends::gpu_error::GpuError::TooLarge { requested, limit } => RtxError::OutOfMemory {
+                context: "GPU buffer (the device's binding limit)".into(),
+                requested: requested as u128,
+                limit: limit as u128,
+            },
+            other => RtxError::Gpu(other.to_string()),
         }
     }
 }

@@ -14,10 +14,12 @@ pub mod batches;
 pub mod bind;
 pub mod checkpoint;
 pub mod ctx;
+pub mod device;
 mod eager;
 pub mod error;
 pub mod exec;
 pub mod fused;
+pub mod gpu;
 mod half;
 pub mod layers;
 pub mod module;
@@ -35,6 +37,7 @@ pub mod train;
 
 pub use amp::LossScaler;
 pub use ctx::Ctx;
+pub use device::Device;
 pub use error::{Result, RtxError};
 pub use layers::{Conv2d, Embedding, LayerNorm, Linear, Param1, Param2, Param3, Param4};
 pub use module::{Grads, Module, join_name, with_name};
@@ -58,7 +61,7 @@ pub mod prelude {
     pub use crate::optim::{Adam, AdamW, Optimizer, Sgd};
     pub use crate::train::Model;
     pub use crate::{
-        Conv2d, Ctx, DType, Embedding, Grads, LayerNorm, Linear, LossScaler, Module, Param1,
+        Conv2d, Ctx, DType, Device, Embedding, Grads, LayerNorm, Linear, LossScaler, Module, Param1,
         Param2, Param3, Param4, Precision,
     };
     pub use crate::{Result, Rng, RtxError, Tensor};

@@ -32,6 +32,34 @@ pub trait Module {
         n
     }
 
+    /// Moves every parameter to `device` (`Device::Cpu` brings them back). All or nothing:
+    /// when one cannot be moved, the model keeps its parameters where they were.
+    fn to(&mut self, device: &crate::Device) -> crate::Result<()>
+    where
+        Self: Sized,
+    {
+        let mut moved = Vec::new();
+        let mut first_err = None;
+        self.visit_params("", &mut |_, t| {
+            if first_err.is_none() {
+                match t.to(device) {
+                    Ok(m) => moved.push(m),
+                    Err(e) => first_err = Some(e),
+                }
+            }
+        });
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let mut moved = moved.into_iter();
+        self.visit_params_mut("", &mut |_, t| {
+            if let Some(m) = moved.next() {
+                *t = m;
+            }
+        });
+        Ok(())
+    }
+
     /// `(name, tensor)` for every parameter, in declaration order.
     fn named_params(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();

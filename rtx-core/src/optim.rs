@@ -14,6 +14,11 @@ use rayon::iter::Either;
 use rayon::prelude::*;
 use std::borrow::Cow;
 
+#[cfg(feature = "wgpu")]
+mod device;
+#[cfg(feature = "wgpu")]
+use rtx_backends::wgpu::UpdateRule;
+
 pub trait Optimizer {
     /// Updates every parameter that has a gradient in `grads`; others are left alone.
     fn step<M: Module>(&mut self, model: &mut M, grads: &Grads) -> Result<()>;
@@ -43,6 +48,10 @@ struct ParamState {
     first: Vec<f32>,
     second: Vec<f32>,
     steps: i32,
+    /// The two buffers on the parameter's GPU once it has stepped there (then the host
+    /// buffers above are stale; `host_state` reads them back).
+    #[cfg(feature = "wgpu")]
+    device: Option<[Tensor; 2]>,
 }
 
 /// The state of every parameter, in the order the model visits them, and the step's
@@ -86,7 +95,11 @@ impl States {
     fn to_tensors(&self, buffer_names: [&str; 2]) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         for s in &self.0 {
-            for (buffer, values) in buffer_names.iter().zip([&s.first, &s.second]) {
+            #[cfg(feature = "wgpu")]
+            let host = device::host_state(s)?;
+            #[cfg(not(feature = "wgpu"))]
+            let host = [s.first.clone(), s.second.clone()];
+            for (buffer, values) in buffer_names.iter().zip(&host) {
                 if !values.is_empty() {
                     out.push((
                         format!("{}.{buffer}", s.name),
@@ -151,6 +164,8 @@ impl States {
                 first,
                 second,
                 steps,
+                #[cfg(feature = "wgpu")]
+                device: None,
             });
         }
         Ok(States(states, Spare::default()))
@@ -208,6 +223,8 @@ fn align(
                     Vec::new()
                 },
                 steps: 0,
+                #[cfg(feature = "wgpu")]
+                device: None,
             };
             let at = index.min(list.len());
             list.insert(at, fresh);
@@ -396,6 +413,17 @@ impl Optimizer for Sgd {
         // scalars[0] is 1 on a parameter's first step: PyTorch starts the momentum buffer at
         // the first gradient, undamped.
         let first_step = |s: &ParamState| [if s.steps == 1 { 1.0 } else { 0.0 }, 0.0];
+        #[cfg(feature = "wgpu")]
+        if device::on_device(model) {
+            return device::step(model, grads, &mut self.states, buffers, |s| UpdateRule::Sgd {
+                lr,
+                momentum,
+                dampening,
+                nesterov,
+                weight_decay: wd,
+                first_step: s.steps == 1,
+            });
+        }
         multi_tensor_step(
             model,
             grads,
@@ -493,6 +521,20 @@ impl Optimizer for Adam {
         );
         // Bias corrections of each parameter's step count.
         let corrections = |s: &ParamState| [1.0 - b1.powi(s.steps), 1.0 - b2.powi(s.steps)];
+        #[cfg(feature = "wgpu")]
+        if device::on_device(model) {
+            return device::step(model, grads, &mut self.states, 2, |s| {
+                let [c1, c2] = corrections(s);
+                UpdateRule::Adam {
+                    lr,
+                    betas: (b1, b2),
+                    eps,
+                    weight_decay: wd,
+                    decoupled,
+                    corrections: (c1, c2),
+                }
+            });
+        }
         multi_tensor_step(
             model,
             grads,

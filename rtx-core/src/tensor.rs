@@ -90,6 +90,9 @@ pub enum Storage {
     I64(Vec<i64>),
     BF16(Vec<half::bf16>),
     F16(Vec<half::f16>),
+    /// Values on a wgpu device (`crate::device`).
+    #[cfg(feature = "wgpu")]
+    Wgpu(crate::device::GpuStorage),
 }
 
 impl Drop for Storage {
@@ -226,6 +229,19 @@ impl Tensor {
         &self.storage
     }
 
+    /// Whether this tensor alone reads its buffer, which holds exactly its elements in order
+    /// (so a kernel may write them in place).
+    pub(crate) fn owns_contiguous_buffer(&self) -> bool {
+        Arc::strong_count(&self.storage) == 1
+            && self.layout.is_contiguous()
+            && self.layout.offset == 0
+            && match &*self.storage {
+                #[cfg(feature = "wgpu")]
+                Storage::Wgpu(s) => s.buffer.len() == self.numel(),
+                _ => true,
+            }
+    }
+
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
         Tensor {
             storage: self.storage.clone(),
@@ -255,6 +271,8 @@ impl Tensor {
             Storage::I64(_) => DType::I64,
             Storage::BF16(_) => DType::BF16,
             Storage::F16(_) => DType::F16,
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu(ref s) => s.dtype,
         }
     }
 
@@ -284,6 +302,7 @@ impl Tensor {
     }
 
     pub fn f32_parts(&self, context: &str) -> Result<(&[f32], &Layout)> {
+        self.cpu_only(context)?;
         match self.storage.f32_slice() {
             Some(v) => Ok((v, &self.layout)),
             None => Err(RtxError::DTypeMismatch {
@@ -299,6 +318,8 @@ impl Tensor {
         match &*self.storage {
             Storage::BF16(v) => return Ok(self.layout.indices().map(|i| v[i].to_f32()).collect()),
             Storage::F16(v) => return Ok(self.layout.indices().map(|i| v[i].to_f32()).collect()),
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu(_) => return crate::gpu::download(self)?.to_vec_f32(),
             _ => {}
         }
         let (d, l) = self.f32_parts("Tensor::to_vec_f32")?;
@@ -313,6 +334,8 @@ impl Tensor {
     pub fn to_vec_i64(&self) -> Result<Vec<i64>> {
         match &*self.storage {
             Storage::I64(v) => Ok(self.layout.indices().map(|i| v[i]).collect()),
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu(s) if s.dtype == DType::I64 => crate::gpu::download(self)?.to_vec_i64(),
             _ => Err(RtxError::DTypeMismatch {
                 context: "Tensor::to_vec_i64".into(),
                 expected: "i64".into(),
@@ -323,6 +346,7 @@ impl Tensor {
 
     /// Integer elements in row-major order, borrowed when the buffer already holds them so.
     pub(crate) fn i64_contiguous(&self, context: &str) -> Result<std::borrow::Cow<'_, [i64]>> {
+        self.cpu_only(context)?;
         match &*self.storage {
             Storage::I64(v) if self.layout.is_contiguous() => Ok(std::borrow::Cow::Borrowed(
                 &v[self.layout.offset..self.layout.offset + self.layout.numel()],
@@ -345,6 +369,11 @@ impl Tensor {
                 context: "Tensor::item".into(),
                 expected: "a tensor with one element".into(),
                 found: fmt_dims(self.shape()),
+            });
+        }
+        if !self.device().is_cpu() {
+            return self.to_vec_f32()?.first().copied().ok_or_else(|| {
+                RtxError::Invalid("Tensor::item: a device tensor read back empty".into())
             });
         }
         let (data, layout) = self.f32_parts("Tensor::item")?;
@@ -409,6 +438,8 @@ impl Tensor {
                 Storage::F16(self.layout.indices().map(|i| v[i]).collect()),
                 Layout::contiguous(self.shape()),
             ),
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu(_) => crate::gpu::contiguous(self)?,
         })
     }
 

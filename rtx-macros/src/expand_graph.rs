@@ -391,6 +391,9 @@ fn emit_fn(
             #check
             #bindings
             #param_checks
+            if let Some(__r) = ::rtx_core::gpu::forward_on(self, &Self::__rtx_ir()?.functions[#fi], __ctx, &[#(#args),*]) {
+                return __r;
+            }
             let __largest: usize = #largest;
             ::rtx_core::parallel::run(__largest, move || {
                 let __f = &Self::__rtx_ir()?.functions[#fi];
@@ -457,6 +460,9 @@ fn emit_fn(
                 #check
                 #bindings
                 #param_checks
+                if let Some(__r) = ::rtx_core::gpu::and_grads_on(self, &Self::__rtx_ir()?.functions[#fi], __ctx, &[#(#args),*]) {
+                    return __r;
+                }
                 let __largest: usize = #largest;
                 ::rtx_core::parallel::run(__largest, move || {
                     let __f = &Self::__rtx_ir()?.functions[#fi];

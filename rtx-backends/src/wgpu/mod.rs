@@ -15,7 +15,10 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use ::wgpu::util::DeviceExt;
 
+mod kernels;
+
 pub use crate::gpu_error::{GpuError, Result};
+pub use kernels::{GpuView, Reduce, UpdateRule};
 
 /// One wgpu device and its queue, with the pipelines compiled on it.
 pub struct WgpuDevice {

@@ -1,0 +1,192 @@
+//! Compiled models on the wgpu backend (Mesa's llvmpipe in CI): the same `forward` and
+//! `loss_and_grads` methods, called with tensors on the device, run the fusion plan as
+//! device kernels. Checked against the CPU on fresh random inputs, then the digits MLP is
+//! trained on the device. Without an adapter each test prints that it was skipped
+//! (`RTX_REQUIRE_WGPU=1` makes that a failure).
+#![cfg(feature = "wgpu")]
+
+use models::mlp::Mlp;
+use models::train::{TrainConfig, train};
+use rtx_core::prelude::*;
+
+fn device(test: &str) -> Option<Device> {
+    match Device::wgpu() {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("RTX_REQUIRE_WGPU").as_deref() != Ok("1") => {
+            eprintln!("skipped: {test}: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: RTX_REQUIRE_WGPU=1 but {e}"),
+    }
+}
+
+fn random(shape: &[usize], rng: &mut Rng) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::from_vec((0..n).map(|_| rng.normal()).collect(), shape).unwrap()
+}
+
+fn labels(n: usize, classes: i64, rng: &mut Rng) -> Tensor {
+    let y = (0..n)
+        .map(|_| (rng.uniform(0.0, classes as f32) as i64).min(classes - 1))
+        .collect();
+    Tensor::from_i64(y, &[n]).unwrap()
+}
+
+/// Largest `|a - b| / (tol_rel * max|b| + 1e-6)`: below 1 passes.
+fn misfit(a: &Tensor, b: &Tensor, tol_rel: f32) -> f32 {
+    assert_eq!(a.shape(), b.shape());
+    let (a, b) = (a.to_vec_f32().unwrap(), b.to_vec_f32().unwrap());
+    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / (tol_rel * scale + 1e-6))
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn the_mlp_forward_pass_on_wgpu_matches_the_cpu() {
+    let Some(dev) = device("the_mlp_forward_pass_on_wgpu_matches_the_cpu") else {
+        return;
+    };
+    let mut rng = Rng::new(11);
+    let cpu = Mlp::init(3);
+    let mut gpu = Mlp::init(3);
+    gpu.to(&dev).unwrap();
+    let x = random(&[37, 64], &mut rng);
+    let want = cpu.forward(&x).unwrap();
+    let got = gpu.forward(&x.to(&dev).unwrap()).unwrap();
+    assert_eq!(got.device(), dev);
+    let m = misfit(&got.to(&Device::Cpu).unwrap(), &want, 1e-5);
+    assert!(m < 1.0, "logits differ: {m} of the tolerance");
+}
+
+#[test]
+fn the_mlp_loss_and_gradients_on_wgpu_match_the_cpu_with_dropout_on() {
+    let test = "the_mlp_loss_and_gradients_on_wgpu_match_the_cpu_with_dropout_on";
+    let Some(dev) = device(test) else {
+        return;
+    };
+    let mut rng = Rng::new(12);
+    let cpu = Mlp::init(5);
+    let mut gpu = Mlp::init(5);
+    gpu.to(&dev).unwrap();
+    let (x, y) = (random(&[50, 64], &mut rng), labels(50, 10, &mut rng));
+    // The same seed draws the same dropout masks on both.
+    let (loss, grads) = cpu.loss_and_grads(&mut Ctx::train(9), &x, &y).unwrap();
+    let (gloss, ggrads) = gpu
+        .loss_and_grads(
+            &mut Ctx::train(9),
+            &x.to(&dev).unwrap(),
+            &y.to(&dev).unwrap(),
+        )
+        .unwrap();
+    let (l, gl) = (loss.item().unwrap(), gloss.item().unwrap());
+    assert!((l - gl).abs() < 1e-5 * l.abs(), "loss {gl} vs {l}");
+    let names = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"];
+    for name in names {
+        let (want, got) = (grads.get(name).unwrap(), ggrads.get(name).unwrap());
+        assert_eq!(got.device(), dev, "{name}");
+        let m = misfit(got, want, 1e-4);
+        assert!(m < 1.0, "{name}: {m} of the tolerance");
+    }
+    let moved_to_cpu = rtx_core::gpu::cpu_fallbacks();
+    assert!(
+        moved_to_cpu.is_empty(),
+        "ops run on the CPU: {moved_to_cpu:?}"
+    );
+}
+
+#[test]
+fn adam_steps_on_wgpu_follow_the_cpu_steps() {
+    let Some(dev) = device("adam_steps_on_wgpu_follow_the_cpu_steps") else {
+        return;
+    };
+    let mut rng = Rng::new(13);
+    let mut cpu = Mlp::init(7);
+    let mut gpu = Mlp::init(7);
+    gpu.to(&dev).unwrap();
+    let (mut cpu_opt, mut gpu_opt) = (AdamW::new(1e-2), AdamW::new(1e-2));
+    for step in 0..5 {
+        let (x, y) = (random(&[32, 64], &mut rng), labels(32, 10, &mut rng));
+        let (_, g) = cpu.loss_and_grads(&mut Ctx::eval(), &x, &y).unwrap();
+        cpu_opt.step(&mut cpu, &g).unwrap();
+        let (xd, yd) = (x.to(&dev).unwrap(), y.to(&dev).unwrap());
+        let (_, g) = gpu.loss_and_grads(&mut Ctx::eval(), &xd, &yd).unwrap();
+        gpu_opt.step(&mut gpu, &g).unwrap();
+        for ((name, want), (_, got)) in cpu.named_params().iter().zip(gpu.named_params()) {
+            assert_eq!(got.device(), dev);
+            let m = misfit(&got, want, 1e-4);
+            assert!(m < 1.0, "step {step}, {name}: {m} of the tolerance");
+        }
+    }
+    // The optimizer state reads back from the device under the CPU's names.
+    let state = gpu_opt.state_tensors().unwrap();
+    let cpu_state = cpu_opt.state_tensors().unwrap();
+    assert_eq!(state.len(), cpu_state.len());
+    for ((name, got), (_, want)) in state.iter().zip(&cpu_state) {
+        if want.dtype() == DType::F32 {
+            assert!(misfit(got, want, 1e-3) < 1.0, "{name}");
+        }
+    }
+}
+
+#[test]
+fn inputs_on_two_devices_are_an_error_naming_both() {
+    let Some(dev) = device("inputs_on_two_devices_are_an_error_naming_both") else {
+        return;
+    };
+    let mut rng = Rng::new(14);
+    let model = Mlp::init(1);
+    let x = random(&[4, 64], &mut rng).to(&dev).unwrap();
+    let y = labels(4, 10, &mut rng);
+    let err = model
+        .loss_and_grads(&mut Ctx::eval(), &x, &y)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("device mismatch") && err.contains("cpu"), "{err}");
+    // Parameters left on the CPU with inputs on the device: the error says how to move them.
+    let err = model.forward(&x).unwrap_err().to_string();
+    assert!(err.contains("model.to(&device)"), "{err}");
+}
+
+#[test]
+fn a_label_past_the_class_count_on_wgpu_is_an_error_not_a_wrong_loss() {
+    let test = "a_label_past_the_class_count_on_wgpu_is_an_error_not_a_wrong_loss";
+    let Some(dev) = device(test) else {
+        return;
+    };
+    let mut rng = Rng::new(15);
+    let mut model = Mlp::init(1);
+    model.to(&dev).unwrap();
+    let x = random(&[3, 64], &mut rng).to(&dev).unwrap();
+    let y = Tensor::from_i64(vec![1, 10, 2], &[3]).unwrap().to(&dev).unwrap();
+    let err = model
+        .loss_and_grads(&mut Ctx::eval(), &x, &y)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("value 10 at position 1"), "{err}");
+}
+
+#[test]
+fn the_mlp_trains_on_the_digits_to_97_percent_on_wgpu() {
+    let Some(dev) = device("the_mlp_trains_on_the_digits_to_97_percent_on_wgpu") else {
+        return;
+    };
+    let cfg = TrainConfig {
+        epochs: None,
+        seed: 0,
+        progress: false,
+        verbose: false,
+        precision: Precision::F32,
+        device: dev,
+    };
+    let (model, report) = train::<Mlp>(&cfg).unwrap();
+    eprintln!(
+        "wgpu MLP: test accuracy {:.4} after {} epochs in {:.1} s",
+        report.test_accuracy, report.epochs, report.seconds
+    );
+    assert!(report.test_accuracy >= 0.97, "{report:?}");
+    // The trained model came back to the CPU and gives the same accuracy there.
+    let acc = models::train::held_out_accuracy(&model).unwrap();
+    assert!((acc - report.test_accuracy).abs() < 0.005, "{acc} on the cpu");
+}
