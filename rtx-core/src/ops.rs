@@ -111,6 +111,9 @@ pub fn run_op(op: &Op, args: &[&Tensor], ctx: &mut Ctx) -> Result<Tensor> {
     crate::parallel::join_pool_from_main();
     let out_shape = check_shapes(op, args)?;
     check_size(op, args, &out_shape)?;
+    if let Some(on_device) = crate::gpu::run_op_on(op, args, &out_shape, ctx) {
+        return on_device;
+    }
     execute(op, args, &out_shape, ctx)
 }
 

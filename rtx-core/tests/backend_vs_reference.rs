@@ -20,10 +20,35 @@ use std::collections::HashMap;
 const ATOL: f64 = 1e-5;
 const RTOL: f64 = 1e-4;
 
-/// Runs `op` through the runtime and the reference on the same values and compares them.
+/// The device the ops run on: the CPU, or with `RTX_TEST_DEVICE=wgpu` (and the `wgpu`
+/// feature) the wgpu adapter, so that this whole file is also the wgpu backend's op test.
+fn test_device() -> rtx_core::Device {
+    #[cfg(feature = "wgpu")]
+    if std::env::var("RTX_TEST_DEVICE").as_deref() == Ok("wgpu") {
+        return rtx_core::Device::wgpu().unwrap_or_else(|e| panic!("RTX_TEST_DEVICE=wgpu: {e}"));
+    }
+    rtx_core::Device::Cpu
+}
+
+/// Runs `op` through the runtime (on [`test_device`]) and the reference on the same values
+/// and compares them.
 fn check_with(op: &Op, args: &[&Tensor], atol: f64, rtol: f64) {
-    let got =
-        run_op(op, args, &mut Ctx::eval()).unwrap_or_else(|e| panic!("run_op({op:?}) failed: {e}"));
+    let device = test_device();
+    let on_device: Vec<Tensor> = args.iter().map(|t| t.to(&device).unwrap()).collect();
+    let moved: Vec<&Tensor> = on_device.iter().collect();
+    let fallbacks = || rtx_core::gpu::cpu_fallbacks().iter().map(|(_, n)| n).sum::<usize>();
+    let before = fallbacks();
+    let got = run_op(op, &moved, &mut Ctx::eval())
+        .and_then(|t| {
+            // An op of no operands (a constant) is made on the CPU.
+            let expected = if args.is_empty() { rtx_core::Device::Cpu } else { device.clone() };
+            assert_eq!(t.device(), expected, "{op:?}: result device");
+            t.to(&rtx_core::Device::Cpu)
+        })
+        .unwrap_or_else(|e| panic!("run_op({op:?}) on {device} failed: {e}"));
+    if fallbacks() > before {
+        eprintln!("ran on the cpu (no kernel on {device} yet): {op:?}");
+    }
     let arrays: Vec<_> = args.iter().map(|t| to_array(t)).collect();
     let refs: Vec<_> = arrays.iter().collect();
     let env = HashMap::new();

@@ -95,6 +95,27 @@ pub fn and_grads_on<M: Module>(
     }
 }
 
+/// An eager op (`ops::run_op`, after its shape rule) whose operands are on a device, run
+/// there; `None` when they are on the CPU.
+pub(crate) fn run_op_on(
+    op: &rtx_ir::Op,
+    args: &[&Tensor],
+    out_shape: &[usize],
+    ctx: &mut Ctx,
+) -> Option<Result<Tensor>> {
+    match device_of(args) {
+        Ok(None) => None,
+        Err(e) => Some(Err(e)),
+        #[cfg(feature = "wgpu")]
+        Ok(Some(_)) => Some(ops::run(op, args, out_shape, ctx)),
+        #[cfg(not(feature = "wgpu"))]
+        Ok(Some(_)) => {
+            let _ = (op, out_shape, ctx);
+            None
+        }
+    }
+}
+
 /// How many core-op kernels ran on the CPU, by op name, because the device has no kernel
 /// for them yet (their inputs are copied to the host and the result back).
 pub fn cpu_fallbacks() -> Vec<(String, usize)> {
