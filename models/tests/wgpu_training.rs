@@ -143,7 +143,10 @@ fn inputs_on_two_devices_are_an_error_naming_both() {
         .loss_and_grads(&mut Ctx::eval(), &x, &y)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("device mismatch") && err.contains("cpu"), "{err}");
+    assert!(
+        err.contains("device mismatch") && err.contains("cpu"),
+        "{err}"
+    );
     // Parameters left on the CPU with inputs on the device: the error says how to move them.
     let err = model.forward(&x).unwrap_err().to_string();
     assert!(err.contains("model.to(&device)"), "{err}");
@@ -159,7 +162,10 @@ fn a_label_past_the_class_count_on_wgpu_is_an_error_not_a_wrong_loss() {
     let mut model = Mlp::init(1);
     model.to(&dev).unwrap();
     let x = random(&[3, 64], &mut rng).to(&dev).unwrap();
-    let y = Tensor::from_i64(vec![1, 10, 2], &[3]).unwrap().to(&dev).unwrap();
+    let y = Tensor::from_i64(vec![1, 10, 2], &[3])
+        .unwrap()
+        .to(&dev)
+        .unwrap();
     let err = model
         .loss_and_grads(&mut Ctx::eval(), &x, &y)
         .unwrap_err()
@@ -188,5 +194,57 @@ fn the_mlp_trains_on_the_digits_to_97_percent_on_wgpu() {
     assert!(report.test_accuracy >= 0.97, "{report:?}");
     // The trained model came back to the CPU and gives the same accuracy there.
     let acc = models::train::held_out_accuracy(&model).unwrap();
-    assert!((acc - report.test_accuracy).abs() < 0.005, "{acc} on the cpu");
+    assert!(
+        (acc - report.test_accuracy).abs() < 0.005,
+        "{acc} on the cpu"
+    );
+}
+
+#[test]
+fn the_gpt_loss_and_gradients_on_wgpu_match_the_cpu() {
+    let Some(dev) = device("the_gpt_loss_and_gradients_on_wgpu_match_the_cpu") else {
+        return;
+    };
+    use models::gpt::Gpt;
+    let mut rng = Rng::new(16);
+    let cpu = Gpt::init(2);
+    let mut gpu = Gpt::init(2);
+    gpu.to(&dev).unwrap();
+    let tokens = |rng: &mut Rng| {
+        let v = (0..2 * 12)
+            .map(|_| (rng.uniform(0.0, 84.0) as i64).min(83))
+            .collect();
+        Tensor::from_i64(v, &[2, 12]).unwrap()
+    };
+    let (x, y) = (tokens(&mut rng), tokens(&mut rng));
+    let (loss, grads) = cpu.loss_and_grads(&mut Ctx::train(4), &x, &y).unwrap();
+    let (gloss, ggrads) = gpu
+        .loss_and_grads(
+            &mut Ctx::train(4),
+            &x.to(&dev).unwrap(),
+            &y.to(&dev).unwrap(),
+        )
+        .unwrap();
+    let (l, gl) = (loss.item().unwrap(), gloss.item().unwrap());
+    assert!((l - gl).abs() < 1e-4 * l.abs(), "loss {gl} vs {l}");
+    let mut worst = (0.0f32, String::new());
+    for (name, want) in cpu.named_params() {
+        let got = ggrads.get(&name).unwrap();
+        assert_eq!(got.device(), dev, "{name}");
+        let m = misfit(got, grads.get(&name).unwrap(), 1e-3);
+        if m > worst.0 {
+            worst = (m, name.clone());
+        }
+        assert!(m < 1.0, "{name}: {m} of the tolerance");
+        let _ = want;
+    }
+    let moved_to_cpu = rtx_core::gpu::cpu_fallbacks();
+    assert!(
+        moved_to_cpu.is_empty(),
+        "ops run on the CPU: {moved_to_cpu:?}"
+    );
+    eprintln!(
+        "gpt on wgpu: loss {gl} (cpu {l}); worst gradient {} at {:.3} of the tolerance",
+        worst.1, worst.0
+    );
 }

@@ -7,7 +7,9 @@
 //! a compiled graph function whose inputs are on a device runs there (`crate::gpu`).
 
 use crate::error::{Result, RtxError};
-use crate::tensor::{DType, Storage, Tensor};
+use crate::tensor::Tensor;
+#[cfg(feature = "wgpu")]
+use crate::tensor::{DType, Storage};
 use std::fmt;
 
 #[cfg(feature = "wgpu")]
@@ -100,11 +102,11 @@ impl fmt::Debug for GpuStorage {
 impl Tensor {
     /// The device holding this tensor's values.
     pub fn device(&self) -> Device {
-        match self.storage() {
-            #[cfg(feature = "wgpu")]
-            Storage::Wgpu(s) => Device::Wgpu(Arc::clone(&s.device)),
-            _ => Device::Cpu,
+        #[cfg(feature = "wgpu")]
+        if let Storage::Wgpu(s) = self.storage() {
+            return Device::Wgpu(Arc::clone(&s.device));
         }
+        Device::Cpu
     }
 
     /// This tensor's values on `device` (the same tensor when it is already there). Copies
@@ -124,11 +126,11 @@ impl Tensor {
     }
 
     fn to_cpu(&self) -> Result<Tensor> {
-        match self.storage() {
-            #[cfg(feature = "wgpu")]
-            Storage::Wgpu(_) => crate::gpu::download(self),
-            _ => Ok(self.clone()),
+        #[cfg(feature = "wgpu")]
+        if let Storage::Wgpu(_) = self.storage() {
+            return crate::gpu::download(self);
         }
+        Ok(self.clone())
     }
 
     /// An error naming this tensor's device when it is not on the CPU (for CPU kernels).

@@ -92,11 +92,13 @@ impl From<rtx_backends::gpu_error::GpuError> for RtxError {
                 requested: requested as u128,
                 limit: 0,
             },
-            rtx_backends::gpu_error::GpuError::TooLarge { requested, limit } => RtxError::OutOfMemory {
-                context: "GPU buffer (the device's binding limit)".into(),
-                requested: requested as u128,
-                limit: limit as u128,
-            },
+            rtx_backends::gpu_error::GpuError::TooLarge { requested, limit } => {
+                RtxError::OutOfMemory {
+                    context: "GPU buffer (the device's binding limit)".into(),
+                    requested: requested as u128,
+                    limit: limit as u128,
+                }
+            }
             other => RtxError::Gpu(other.to_string()),
         }
     }

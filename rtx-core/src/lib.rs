@@ -61,8 +61,8 @@ pub mod prelude {
     pub use crate::optim::{Adam, AdamW, Optimizer, Sgd};
     pub use crate::train::Model;
     pub use crate::{
-        Conv2d, Ctx, DType, Device, Embedding, Grads, LayerNorm, Linear, LossScaler, Module, Param1,
-        Param2, Param3, Param4, Precision,
+        Conv2d, Ctx, DType, Device, Embedding, Grads, LayerNorm, Linear, LossScaler, Module,
+        Param1, Param2, Param3, Param4, Precision,
     };
     pub use crate::{Result, Rng, RtxError, Tensor};
     pub use crate::{graph, model};

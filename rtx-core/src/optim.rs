@@ -415,13 +415,15 @@ impl Optimizer for Sgd {
         let first_step = |s: &ParamState| [if s.steps == 1 { 1.0 } else { 0.0 }, 0.0];
         #[cfg(feature = "wgpu")]
         if device::on_device(model) {
-            return device::step(model, grads, &mut self.states, buffers, |s| UpdateRule::Sgd {
-                lr,
-                momentum,
-                dampening,
-                nesterov,
-                weight_decay: wd,
-                first_step: s.steps == 1,
+            return device::step(model, grads, &mut self.states, buffers, |s| {
+                UpdateRule::Sgd {
+                    lr,
+                    momentum,
+                    dampening,
+                    nesterov,
+                    weight_decay: wd,
+                    first_step: s.steps == 1,
+                }
             });
         }
         multi_tensor_step(

@@ -231,6 +231,7 @@ impl Tensor {
 
     /// Whether this tensor alone reads its buffer, which holds exactly its elements in order
     /// (so a kernel may write them in place).
+    #[cfg(feature = "wgpu")]
     pub(crate) fn owns_contiguous_buffer(&self) -> bool {
         Arc::strong_count(&self.storage) == 1
             && self.layout.is_contiguous()

@@ -36,12 +36,21 @@ fn check_with(op: &Op, args: &[&Tensor], atol: f64, rtol: f64) {
     let device = test_device();
     let on_device: Vec<Tensor> = args.iter().map(|t| t.to(&device).unwrap()).collect();
     let moved: Vec<&Tensor> = on_device.iter().collect();
-    let fallbacks = || rtx_core::gpu::cpu_fallbacks().iter().map(|(_, n)| n).sum::<usize>();
+    let fallbacks = || {
+        rtx_core::gpu::cpu_fallbacks()
+            .iter()
+            .map(|(_, n)| n)
+            .sum::<usize>()
+    };
     let before = fallbacks();
     let got = run_op(op, &moved, &mut Ctx::eval())
         .and_then(|t| {
             // An op of no operands (a constant) is made on the CPU.
-            let expected = if args.is_empty() { rtx_core::Device::Cpu } else { device.clone() };
+            let expected = if args.is_empty() {
+                rtx_core::Device::Cpu
+            } else {
+                device.clone()
+            };
             assert_eq!(t.device(), expected, "{op:?}: result device");
             t.to(&rtx_core::Device::Cpu)
         })

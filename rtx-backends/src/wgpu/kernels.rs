@@ -254,7 +254,13 @@ impl WgpuDevice {
 
     /// Reduces `x` over the axes marked in `reduced` (the others are kept, in order) into the
     /// contiguous `out`, one value per kept coordinate.
-    pub fn reduce(&self, x: &GpuView, reduced: &[bool], mode: Reduce, out: &GpuBuffer) -> Result<()> {
+    pub fn reduce(
+        &self,
+        x: &GpuView,
+        reduced: &[bool],
+        mode: Reduce,
+        out: &GpuBuffer,
+    ) -> Result<()> {
         let (mut ks, mut kst, mut rs, mut rst) = (vec![], vec![], vec![], vec![]);
         for (axis, (&size, &stride)) in x.shape.iter().zip(&x.strides).enumerate() {
             if reduced.get(axis).copied().unwrap_or(false) {
@@ -288,13 +294,24 @@ impl WgpuDevice {
         for part in [&ks, &kst, &rs, &rst] {
             meta.extend(words(part, "reduction size")?);
         }
-        let groups = grid(outputs, 64, self.limits.max_compute_workgroups_per_dimension)?;
+        let groups = grid(
+            outputs,
+            64,
+            self.limits.max_compute_workgroups_per_dimension,
+        )?;
         self.run("rtx_reduce", REDUCE, &meta, &[x.buffer, out], groups)
     }
 
     /// `out[r] = x[r, idx[r]]` for contiguous `[rows, cols]` values and `rows` indices, each
     /// below `cols` (the caller checks them).
-    pub fn pick(&self, x: &GpuBuffer, idx: &GpuBuffer, rows: usize, cols: usize, out: &GpuBuffer) -> Result<()> {
+    pub fn pick(
+        &self,
+        x: &GpuBuffer,
+        idx: &GpuBuffer,
+        rows: usize,
+        cols: usize,
+        out: &GpuBuffer,
+    ) -> Result<()> {
         if rows * cols == 0 {
             return Ok(());
         }
@@ -304,12 +321,23 @@ impl WgpuDevice {
     }
 
     /// `out[r, j] = g[r]` where `j == idx[r]`, else 0, for contiguous `[rows, cols]` `out`.
-    pub fn pick_grad(&self, g: &GpuBuffer, idx: &GpuBuffer, rows: usize, cols: usize, out: &GpuBuffer) -> Result<()> {
+    pub fn pick_grad(
+        &self,
+        g: &GpuBuffer,
+        idx: &GpuBuffer,
+        rows: usize,
+        cols: usize,
+        out: &GpuBuffer,
+    ) -> Result<()> {
         if rows * cols == 0 {
             return Ok(());
         }
         let meta = words(&[rows, cols], "pick size")?;
-        let groups = grid(rows * cols, 256, self.limits.max_compute_workgroups_per_dimension)?;
+        let groups = grid(
+            rows * cols,
+            256,
+            self.limits.max_compute_workgroups_per_dimension,
+        )?;
         self.run("rtx_pick_grad", PICK_GRAD, &meta, &[g, idx, out], groups)
     }
 }
@@ -443,6 +471,413 @@ impl WgpuDevice {
             OPTIM,
             &meta,
             &[param, grad, first, second],
+            groups,
+        )
+    }
+}
+
+/// `out[r, j] = w[ids[r], j]`. Meta: `[rows, cols, w_offset, w_row_stride, w_col_stride]`;
+/// ids were checked on the host.
+const GATHER_ROWS: &str = r#"
+@group(0) @binding(0) var<storage, read> prm: array<u32>;
+@group(0) @binding(1) var<storage, read> w: array<f32>;
+@group(0) @binding(2) var<storage, read> ids: array<u32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let e = gid.x + gid.y * groups.x * 256u;
+    let cols = prm[1];
+    if (e >= prm[0] * cols) { return; }
+    let r = e / cols;
+    out[e] = w[prm[2] + ids[r] * prm[3] + (e % cols) * prm[4]];
+}
+"#;
+
+/// `out[v, j] = sum of g[k, j] over the rows k whose id is v`, in row order: row `v`'s rows
+/// are `rows[starts[v] .. starts[v + 1]]` (the ids grouped on the host), so every output is
+/// one thread's sum and no atomics are needed. Meta: `[vocab, cols]`; `g` is contiguous.
+const SCATTER_ROWS: &str = r#"
+@group(0) @binding(0) var<storage, read> prm: array<u32>;
+@group(0) @binding(1) var<storage, read> g: array<f32>;
+@group(0) @binding(2) var<storage, read> starts: array<u32>;
+@group(0) @binding(3) var<storage, read> rows: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let e = gid.x + gid.y * groups.x * 256u;
+    let cols = prm[1];
+    if (e >= prm[0] * cols) { return; }
+    let v = e / cols;
+    let j = e % cols;
+    var acc = 0.0;
+    for (var k = starts[v]; k < starts[v + 1u]; k = k + 1u) {
+        acc = acc + g[rows[k] * cols + j];
+    }
+    out[e] = acc;
+}
+"#;
+
+/// `out[view] = x[view]` for two strided views of one shape. Meta: `[n, rank, shape..,
+/// x_offset, x_strides.., out_offset, out_strides..]`.
+const STRIDED_COPY: &str = r#"
+@group(0) @binding(0) var<storage, read> prm: array<u32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = gid.x + gid.y * groups.x * 256u;
+    if (i >= prm[0]) { return; }
+    let rank = prm[1];
+    let xb = 2u + rank;
+    let ob = 3u + 2u * rank;
+    var xo = prm[xb];
+    var oo = prm[ob];
+    var rest = i;
+    for (var d = rank; d > 0u; d = d - 1u) {
+        let size = prm[1u + d];
+        let c = rest % size;
+        rest = rest / size;
+        xo = xo + c * prm[xb + d];
+        oo = oo + c * prm[ob + d];
+    }
+    out[oo] = x[xo];
+}
+"#;
+
+impl WgpuDevice {
+    /// `out[r, :] = w[ids[r], :]` for `rows` ids, each below `w`'s row count (checked by the
+    /// caller); `w` is a 2-D view, `out` contiguous `[rows, cols]`.
+    pub fn gather_rows(
+        &self,
+        w: &GpuView,
+        ids: &GpuBuffer,
+        rows: usize,
+        out: &GpuBuffer,
+    ) -> Result<()> {
+        let (Some(&cols), [rs, cs]) = (w.shape.get(1), w.strides.as_slice()) else {
+            return Err(GpuError::Call(format!(
+                "gather_rows takes a 2-D table, found {:?}",
+                w.shape
+            )));
+        };
+        if rows * cols == 0 {
+            return Ok(());
+        }
+        let meta = words(&[rows, cols, w.offset, *rs, *cs], "gather size")?;
+        let groups = grid(
+            rows * cols,
+            256,
+            self.limits.max_compute_workgroups_per_dimension,
+        )?;
+        self.run(
+            "rtx_gather_rows",
+            GATHER_ROWS,
+            &meta,
+            &[w.buffer, ids, out],
+            groups,
+        )
+    }
+
+    /// `out[v, :] = sum of g[k, :] over k in rows[starts[v]..starts[v + 1]]`, for a contiguous
+    /// `g` of `cols` columns and `vocab` output rows.
+    pub fn scatter_rows(
+        &self,
+        g: &GpuBuffer,
+        starts: &GpuBuffer,
+        rows: &GpuBuffer,
+        vocab: usize,
+        cols: usize,
+        out: &GpuBuffer,
+    ) -> Result<()> {
+        if vocab * cols == 0 {
+            return Ok(());
+        }
+        let meta = words(&[vocab, cols], "scatter size")?;
+        let groups = grid(
+            vocab * cols,
+            256,
+            self.limits.max_compute_workgroups_per_dimension,
+        )?;
+        self.run(
+            "rtx_scatter_rows",
+            SCATTER_ROWS,
+            &meta,
+            &[g, starts, rows, out],
+            groups,
+        )
+    }
+
+    /// Copies the strided view `x` into the strided view `out` of the same shape (a part of a
+    /// concatenation, a gradient into its padded place).
+    pub fn copy_into(&self, x: &GpuView, out: &GpuView) -> Result<()> {
+        if x.shape != out.shape {
+            return Err(GpuError::Call(format!(
+                "copy of {:?} into {:?}",
+                x.shape, out.shape
+            )));
+        }
+        let n: usize = x.shape.iter().product();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut meta = words(&[n, x.shape.len()], "copy size")?;
+        meta.extend(words(&x.shape, "copy size")?);
+        for v in [x, out] {
+            meta.push(word(v.offset, "copy offset")?);
+            meta.extend(words(&v.strides, "copy stride")?);
+        }
+        let groups = grid(n, 256, self.limits.max_compute_workgroups_per_dimension)?;
+        self.run(
+            "rtx_copy_into",
+            STRIDED_COPY,
+            &meta,
+            &[x.buffer, out.buffer],
+            groups,
+        )
+    }
+}
+
+/// The longest head a device attention kernel keeps in registers.
+pub const ATTENTION_MAX_HEAD: usize = 128;
+
+/// Attention over contiguous `q [S, Tq, D]`, `k [S, Tk, D]`, `v [S, Tk, D]`, one thread per
+/// query row: an online softmax over the keys, no `Tq x Tk` matrix. Meta: `[S, Tq, Tk, D,
+/// causal, scale bits]`.
+const ATTENTION: &str = r#"
+@group(0) @binding(0) var<storage, read> prm: array<u32>;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let r = gid.x + gid.y * groups.x * 64u;
+    let tq = prm[1]; let tk = prm[2]; let d = prm[3];
+    if (r >= prm[0] * tq) { return; }
+    let s = r / tq; let i = r % tq;
+    let scale = bitcast<f32>(prm[5]);
+    var last = tk;
+    if (prm[4] != 0u) { last = min(tk, i + 1u); }
+    var acc: array<f32, 128>;
+    for (var c = 0u; c < d; c = c + 1u) { acc[c] = 0.0; }
+    var m = bitcast<f32>(0xff800000u);
+    var l = 0.0;
+    let qo = r * d;
+    for (var j = 0u; j < last; j = j + 1u) {
+        let ko = (s * tk + j) * d;
+        var dot = 0.0;
+        for (var c = 0u; c < d; c = c + 1u) { dot = fma(q[qo + c], k[ko + c], dot); }
+        let score = dot * scale;
+        let m2 = max(m, score);
+        let corr = exp(m - m2);
+        let p = exp(score - m2);
+        l = l * corr + p;
+        for (var c = 0u; c < d; c = c + 1u) { acc[c] = acc[c] * corr + p * v[ko + c]; }
+        m = m2;
+    }
+    for (var c = 0u; c < d; c = c + 1u) { out[qo + c] = acc[c] / l; }
+}
+"#;
+
+/// The backward pass's per-query half: for each query row, its softmax maximum and sum and
+/// `D_i = sum_j p_ij (g_i . v_j)` into `stats [S * Tq, 3]`, and `dq` into the first third of
+/// `out [3, S, Tq, D]`. Same meta as [`ATTENTION`].
+const ATTENTION_GRAD_Q: &str = r#"
+@group(0) @binding(0) var<storage, read> prm: array<u32>;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read> g: array<f32>;
+@group(0) @binding(5) var<storage, read_write> stats: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let r = gid.x + gid.y * groups.x * 64u;
+    let tq = prm[1]; let tk = prm[2]; let d = prm[3];
+    if (r >= prm[0] * tq) { return; }
+    let s = r / tq; let i = r % tq;
+    let scale = bitcast<f32>(prm[5]);
+    var last = tk;
+    if (prm[4] != 0u) { last = min(tk, i + 1u); }
+    let qo = r * d;
+    var m = bitcast<f32>(0xff800000u);
+    var l = 0.0;
+    for (var j = 0u; j < last; j = j + 1u) {
+        let ko = (s * tk + j) * d;
+        var dot = 0.0;
+        for (var c = 0u; c < d; c = c + 1u) { dot = fma(q[qo + c], k[ko + c], dot); }
+        let score = dot * scale;
+        let m2 = max(m, score);
+        l = l * exp(m - m2) + exp(score - m2);
+        m = m2;
+    }
+    var dsum = 0.0;
+    for (var j = 0u; j < last; j = j + 1u) {
+        let ko = (s * tk + j) * d;
+        var dot = 0.0;
+        var gv = 0.0;
+        for (var c = 0u; c < d; c = c + 1u) {
+            dot = fma(q[qo + c], k[ko + c], dot);
+            gv = fma(g[qo + c], v[ko + c], gv);
+        }
+        dsum = dsum + exp(dot * scale - m) / l * gv;
+    }
+    var dq: array<f32, 128>;
+    for (var c = 0u; c < d; c = c + 1u) { dq[c] = 0.0; }
+    for (var j = 0u; j < last; j = j + 1u) {
+        let ko = (s * tk + j) * d;
+        var dot = 0.0;
+        var gv = 0.0;
+        for (var c = 0u; c < d; c = c + 1u) {
+            dot = fma(q[qo + c], k[ko + c], dot);
+            gv = fma(g[qo + c], v[ko + c], gv);
+        }
+        let ds = exp(dot * scale - m) / l * (gv - dsum) * scale;
+        for (var c = 0u; c < d; c = c + 1u) { dq[c] = fma(ds, k[ko + c], dq[c]); }
+    }
+    for (var c = 0u; c < d; c = c + 1u) { out[qo + c] = dq[c]; }
+    stats[r * 3u] = m;
+    stats[r * 3u + 1u] = l;
+    stats[r * 3u + 2u] = dsum;
+}
+"#;
+
+/// The per-key half: `dk` and `dv` of each key row from the query rows that see it, into
+/// the second and third thirds of `out`, reading the statistics of [`ATTENTION_GRAD_Q`].
+const ATTENTION_GRAD_KV: &str = r#"
+@group(0) @binding(0) var<storage, read> prm: array<u32>;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read> g: array<f32>;
+@group(0) @binding(5) var<storage, read> stats: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let r = gid.x + gid.y * groups.x * 64u;
+    let tq = prm[1]; let tk = prm[2]; let d = prm[3];
+    if (r >= prm[0] * tk) { return; }
+    let s = r / tk; let j = r % tk;
+    let scale = bitcast<f32>(prm[5]);
+    var first = 0u;
+    if (prm[4] != 0u) { first = j; }
+    let ko = r * d;
+    var dk: array<f32, 128>;
+    var dv: array<f32, 128>;
+    for (var c = 0u; c < d; c = c + 1u) { dk[c] = 0.0; dv[c] = 0.0; }
+    for (var i = first; i < tq; i = i + 1u) {
+        let row = s * tq + i;
+        let qo = row * d;
+        var dot = 0.0;
+        var gv = 0.0;
+        for (var c = 0u; c < d; c = c + 1u) {
+            dot = fma(q[qo + c], k[ko + c], dot);
+            gv = fma(g[qo + c], v[ko + c], gv);
+        }
+        let p = exp(dot * scale - stats[row * 3u]) / stats[row * 3u + 1u];
+        let ds = p * (gv - stats[row * 3u + 2u]) * scale;
+        for (var c = 0u; c < d; c = c + 1u) {
+            dv[c] = fma(p, g[qo + c], dv[c]);
+            dk[c] = fma(ds, q[qo + c], dk[c]);
+        }
+    }
+    let third = prm[0] * tk * d;
+    for (var c = 0u; c < d; c = c + 1u) {
+        out[third + ko + c] = dk[c];
+        out[2u * third + ko + c] = dv[c];
+    }
+}
+"#;
+
+/// Sizes of an attention call over `S` flattened batch slices.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub slices: usize,
+    pub queries: usize,
+    pub keys: usize,
+    pub head: usize,
+    pub causal: bool,
+}
+
+impl AttentionShape {
+    fn meta(&self) -> Result<Vec<u32>> {
+        if self.head > ATTENTION_MAX_HEAD || (self.causal && self.queries != self.keys) {
+            return Err(GpuError::Call(format!(
+                "device attention takes heads up to {ATTENTION_MAX_HEAD} (and Tq == Tk when causal), found {self:?}"
+            )));
+        }
+        let mut meta = words(
+            &[
+                self.slices,
+                self.queries,
+                self.keys,
+                self.head,
+                usize::from(self.causal),
+            ],
+            "attention size",
+        )?;
+        meta.push((1.0 / (self.head as f32).sqrt()).to_bits());
+        Ok(meta)
+    }
+}
+
+impl WgpuDevice {
+    /// `softmax(q k^T / sqrt(D)) v` over contiguous `q`, `k`, `v` into `out` (q's shape).
+    pub fn attention(
+        &self,
+        shape: AttentionShape,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        out: &GpuBuffer,
+    ) -> Result<()> {
+        let meta = shape.meta()?;
+        let rows = shape.slices * shape.queries;
+        if rows == 0 {
+            return Ok(());
+        }
+        let groups = grid(rows, 64, self.limits.max_compute_workgroups_per_dimension)?;
+        self.run("rtx_attention", ATTENTION, &meta, &[q, k, v, out], groups)
+    }
+
+    /// The gradients of [`WgpuDevice::attention`] for `q`, `k` and `v` (one shape), stacked
+    /// in `out [3, ..]`, from the output gradient `g`.
+    pub fn attention_grad(
+        &self,
+        shape: AttentionShape,
+        [q, k, v, g]: [&GpuBuffer; 4],
+        out: &GpuBuffer,
+    ) -> Result<()> {
+        let meta = shape.meta()?;
+        let rows = shape.slices * shape.queries;
+        if rows == 0 {
+            return Ok(());
+        }
+        if shape.queries != shape.keys {
+            return Err(GpuError::Call(format!(
+                "device attention gradients take q, k and v of one shape, found {shape:?}"
+            )));
+        }
+        let stats = self.zeros(rows * 3)?;
+        let groups = grid(rows, 64, self.limits.max_compute_workgroups_per_dimension)?;
+        self.run(
+            "rtx_attention_grad_q",
+            ATTENTION_GRAD_Q,
+            &meta,
+            &[q, k, v, g, &stats, out],
+            groups,
+        )?;
+        self.run(
+            "rtx_attention_grad_kv",
+            ATTENTION_GRAD_KV,
+            &meta,
+            &[q, k, v, g, &stats, out],
             groups,
         )
     }

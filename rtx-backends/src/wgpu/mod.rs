@@ -18,7 +18,7 @@ use ::wgpu::util::DeviceExt;
 mod kernels;
 
 pub use crate::gpu_error::{GpuError, Result};
-pub use kernels::{GpuView, Reduce, UpdateRule};
+pub use kernels::{ATTENTION_MAX_HEAD, AttentionShape, GpuView, Reduce, UpdateRule};
 
 /// One wgpu device and its queue, with the pipelines compiled on it.
 pub struct WgpuDevice {

@@ -124,7 +124,9 @@ impl Values {
         let t = match &node.op {
             Op::Const { value } => Tensor::scalar(*value as f32).to(&self.device)?,
             Op::Input { name, .. } => {
-                return Err(RtxError::Invalid(format!("graph input `{name}` is missing")));
+                return Err(RtxError::Invalid(format!(
+                    "graph input `{name}` is missing"
+                )));
             }
             Op::Param { name, .. } => {
                 let t = self
@@ -136,10 +138,7 @@ impl Values {
                     return Err(RtxError::DeviceMismatch {
                         context: format!("parameter `{name}` of `{}`", self.f.name),
                         expected: format!("the inputs' device, {}", self.device),
-                        found: format!(
-                            "{}; move the model with `model.to(&device)`",
-                            t.device()
-                        ),
+                        found: format!("{}; move the model with `model.to(&device)`", t.device()),
                     });
                 }
                 t

@@ -9,7 +9,7 @@ use crate::device::GpuStorage;
 use crate::error::{Result, RtxError};
 use crate::tensor::{DType, Storage, Tensor};
 use rtx_backends::Layout;
-use rtx_backends::wgpu::{GpuView, Reduce, WgpuDevice};
+use rtx_backends::wgpu::{ATTENTION_MAX_HEAD, AttentionShape, GpuView, Reduce, WgpuDevice};
 use rtx_ir::emit::{KernelSource, Meta, POINTWISE_GROUP, Target, fused_kernel};
 use rtx_ir::fusion::{Instr, Operand, Pointwise, Step};
 use rtx_ir::{NodeId, Op};
@@ -99,7 +99,8 @@ pub(crate) fn copy_to(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
         args: vec![Operand::Input(0)],
     }];
     let mut out = pointwise(&body, &[t], &[1], shape, None, &Ctx::eval())?;
-    out.pop().ok_or_else(|| RtxError::Gpu("a copy kernel wrote no output".into()))
+    out.pop()
+        .ok_or_else(|| RtxError::Gpu("a copy kernel wrote no output".into()))
 }
 
 /// The meta strides of `t` read at every element of `shape` (right-aligned broadcasting:
@@ -118,7 +119,11 @@ fn broadcast_strides(t: &Tensor, shape: &[usize]) -> Result<Vec<u32>> {
                 return Ok(0);
             }
             let (size, stride) = (l.shape[d - lead], l.strides[d - lead]);
-            let s = if size == 1 && shape[d] != 1 { 0 } else { stride };
+            let s = if size == 1 && shape[d] != 1 {
+                0
+            } else {
+                stride
+            };
             u32::try_from(s).map_err(|_| RtxError::Gpu(format!("stride {s} exceeds 2^32")))
         })
         .collect()
@@ -254,20 +259,12 @@ fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Tensor> {
     let n = lb.shape[lb.rank() - 1];
     let a3 = GpuView {
         shape: vec![batches, m, k],
-        strides: vec![
-            sa,
-            la.strides[la.rank() - 2],
-            la.strides[la.rank() - 1],
-        ],
+        strides: vec![sa, la.strides[la.rank() - 2], la.strides[la.rank() - 1]],
         ..view(&ta)?
     };
     let b3 = GpuView {
         shape: vec![batches, k, n],
-        strides: vec![
-            sb,
-            lb.strides[lb.rank() - 2],
-            lb.strides[lb.rank() - 1],
-        ],
+        strides: vec![sb, lb.strides[lb.rank() - 2], lb.strides[lb.rank() - 1]],
         ..view(&tb)?
     };
     let out = fresh(&device, out_shape)?;
@@ -297,6 +294,42 @@ fn check_indices(idx: &[i64], limit: usize) -> Result<()> {
         }),
         None => Ok(()),
     }
+}
+
+/// Whether the device attention kernels take these operands: heads up to
+/// `ATTENTION_MAX_HEAD`, v as wide as q, and for the gradient (or a causal mask) as many keys
+/// as queries. Others run on the CPU.
+fn attention_fits(q: &Tensor, k: &Tensor, v: &Tensor, same_length: bool) -> bool {
+    let r = q.rank();
+    r >= 2
+        && k.rank() == r
+        && v.shape() == k.shape()
+        && q.shape()[r - 1] <= ATTENTION_MAX_HEAD
+        && v.shape()[r - 1] == q.shape()[r - 1]
+        && (!same_length || q.shape() == k.shape())
+        && q.shape()[..r - 2] == k.shape()[..r - 2]
+}
+
+fn check_ids(ids: &[i64], limit: usize) -> Result<()> {
+    match ids.iter().position(|&v| v < 0 || v as usize >= limit) {
+        Some(i) => Err(RtxError::IndexOutOfRange {
+            context: "embedding ids".into(),
+            index: i,
+            value: ids[i],
+            limit,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `t`'s buffer under another layout (a region of it).
+fn layout_view<'a>(t: &'a Tensor, l: &Layout) -> Result<GpuView<'a>> {
+    Ok(GpuView {
+        buffer: &gpu(t)?.buffer,
+        offset: l.offset,
+        shape: l.shape.to_vec(),
+        strides: l.strides.to_vec(),
+    })
 }
 
 /// The value of node op `op` over `args` (`out_shape` evaluated from the IR).
@@ -409,6 +442,114 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
             )?;
             out
         }
+        Op::Attention { causal } | Op::AttentionGrad { causal }
+            if attention_fits(
+                a(0)?,
+                a(1)?,
+                a(2)?,
+                *causal || matches!(op, Op::AttentionGrad { .. }),
+            ) =>
+        {
+            let (q, k, v) = (contiguous(a(0)?)?, contiguous(a(1)?)?, contiguous(a(2)?)?);
+            let r = q.rank();
+            let shape = AttentionShape {
+                slices: q.shape()[..r - 2].iter().product(),
+                queries: q.shape()[r - 2],
+                keys: k.shape()[r - 2],
+                head: q.shape()[r - 1],
+                causal: *causal,
+            };
+            let device = Arc::clone(&gpu(&q)?.device);
+            let out = fresh(&device, out_shape)?;
+            let (bq, bk, bv) = (&gpu(&q)?.buffer, &gpu(&k)?.buffer, &gpu(&v)?.buffer);
+            if matches!(op, Op::Attention { .. }) {
+                device.attention(shape, bq, bk, bv, &gpu(&out)?.buffer)?;
+            } else {
+                let g = contiguous(a(3)?)?;
+                device.attention_grad(shape, [bq, bk, bv, &gpu(&g)?.buffer], &gpu(&out)?.buffer)?;
+            }
+            out
+        }
+        Op::Embedding => {
+            let (w, ids) = (a(0)?, a(1)?);
+            let vocab = w.shape().first().copied().unwrap_or(0);
+            let host = host_indices(ids)?;
+            check_ids(&host, vocab)?;
+            let ids = contiguous(ids)?;
+            let device = Arc::clone(&gpu(w)?.device);
+            let out = fresh(&device, out_shape)?;
+            device.gather_rows(
+                &view(w)?,
+                &gpu(&ids)?.buffer,
+                host.len(),
+                &gpu(&out)?.buffer,
+            )?;
+            out
+        }
+        Op::EmbeddingGrad => {
+            // The rows of each id, grouped on the host (the ids are there): one thread per
+            // output value sums its rows in order, without atomics.
+            let (g, ids) = (contiguous(a(0)?)?, a(1)?);
+            let (vocab, cols) = (out_shape[0], out_shape.get(1).copied().unwrap_or(1));
+            let host = host_indices(ids)?;
+            check_ids(&host, vocab)?;
+            let mut starts = vec![0u32; vocab + 1];
+            for &id in &host {
+                starts[id as usize + 1] += 1;
+            }
+            for v in 0..vocab {
+                starts[v + 1] += starts[v];
+            }
+            let mut next = starts.clone();
+            let mut rows = vec![0u32; host.len()];
+            for (k, &id) in host.iter().enumerate() {
+                rows[next[id as usize] as usize] = u32_of(k, "embedding row")?;
+                next[id as usize] += 1;
+            }
+            let device = Arc::clone(&gpu(&g)?.device);
+            let (starts, rows) = (device.upload_u32(&starts)?, device.upload_u32(&rows)?);
+            let out = fresh(&device, out_shape)?;
+            device.scatter_rows(
+                &gpu(&g)?.buffer,
+                &starts,
+                &rows,
+                vocab,
+                cols,
+                &gpu(&out)?.buffer,
+            )?;
+            out
+        }
+        Op::Concat { axis } => {
+            let device = Arc::clone(&gpu(a(0)?)?.device);
+            let out = fresh(&device, out_shape)?;
+            let mut start = 0;
+            for part in args {
+                let len = part.shape()[*axis];
+                let place = out.layout().narrow(*axis, start, len);
+                device.copy_into(&view(part)?, &layout_view(&out, &place)?)?;
+                start += len;
+            }
+            out
+        }
+        Op::ConcatGrad { axis, index } => {
+            let start: usize = args[1..1 + index].iter().map(|t| t.shape()[*axis]).sum();
+            let len = a(1 + index)?.shape()[*axis];
+            a(0)?.with_layout(a(0)?.layout().narrow(*axis, start, len))
+        }
+        Op::PadNarrow { axis, start } => {
+            let g = a(0)?;
+            let device = Arc::clone(&gpu(g)?.device);
+            let out = fresh(&device, out_shape)?;
+            let place = out.layout().narrow(*axis, *start, g.shape()[*axis]);
+            device.copy_into(&view(g)?, &layout_view(&out, &place)?)?;
+            out
+        }
+        Op::Iota { .. } | Op::Positions { .. } => {
+            // Values from the output shape alone: made on the host, uploaded.
+            let host_arg = Tensor::zeros(a(0)?.shape());
+            let device = a(0)?.device();
+            crate::ops::run_op(op, &[&host_arg], ctx)?.to(&device)?
+        }
         Op::DropoutMask { p } => {
             // Drawn on the host from the call's seed stream, as the CPU does, so a run on
             // the device drops the same units as one on the CPU; then uploaded.
@@ -433,7 +574,11 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
 fn fallback(op: &Op, args: &[&Tensor], ctx: &mut Ctx) -> Result<Tensor> {
     let device = match args.first() {
         Some(t) => t.device(),
-        None => return Err(RtxError::Gpu(format!("`{op:?}` has no operand on a device"))),
+        None => {
+            return Err(RtxError::Gpu(format!(
+                "`{op:?}` has no operand on a device"
+            )));
+        }
     };
     let host: Vec<Tensor> = args
         .iter()
