@@ -248,3 +248,30 @@ fn the_gpt_loss_and_gradients_on_wgpu_match_the_cpu() {
         worst.1, worst.0
     );
 }
+
+#[test]
+fn clipping_gradients_on_wgpu_gives_the_cpu_norm_and_scale() {
+    let Some(dev) = device("clipping_gradients_on_wgpu_gives_the_cpu_norm_and_scale") else {
+        return;
+    };
+    let mut rng = Rng::new(17);
+    let cpu = Mlp::init(8);
+    let mut gpu = Mlp::init(8);
+    gpu.to(&dev).unwrap();
+    let (x, y) = (random(&[16, 64], &mut rng), labels(16, 10, &mut rng));
+    let (_, mut grads) = cpu.loss_and_grads(&mut Ctx::eval(), &x, &y).unwrap();
+    let (xd, yd) = (x.to(&dev).unwrap(), y.to(&dev).unwrap());
+    let (_, mut ggrads) = gpu.loss_and_grads(&mut Ctx::eval(), &xd, &yd).unwrap();
+    let norm = rtx_core::schedule::clip_grad_norm(&mut grads, 0.01).unwrap();
+    let gnorm = rtx_core::schedule::clip_grad_norm(&mut ggrads, 0.01).unwrap();
+    assert!(
+        norm > 0.01,
+        "the test needs a norm above the limit, found {norm}"
+    );
+    assert!((norm - gnorm).abs() < 1e-5 * norm, "norm {gnorm} vs {norm}");
+    for (name, want) in grads.iter() {
+        let got = ggrads.get(name).unwrap();
+        assert_eq!(got.device(), dev, "{name}");
+        assert!(misfit(got, want, 1e-4) < 1.0, "{name}");
+    }
+}

@@ -112,6 +112,15 @@ pub fn clip_grad_norm(grads: &mut Grads, max_norm: f32) -> Result<f32> {
     let mut sum = 0.0f64;
     for (_, g) in grads.iter() {
         sum += match g.dtype() {
+            // On a device: the squares summed there, one value read back.
+            _ if !g.device().is_cpu() => {
+                let all = rtx_ir::Op::Sum {
+                    axes: (0..g.rank()).collect(),
+                    keepdim: false,
+                };
+                let squares = g.mul(g)?;
+                f64::from(crate::ops::run_op(&all, &[&squares], &mut crate::Ctx::eval())?.item()?)
+            }
             DType::F32 => sum_of_squares(&g.f32_contiguous()?),
             _ => sum_of_squares(&g.to_vec_f32()?),
         };
@@ -128,7 +137,7 @@ pub fn clip_grad_norm(grads: &mut Grads, max_norm: f32) -> Result<f32> {
         // product into a new buffer cost a pass over every gradient's memory more.
         match g.f32_in_place() {
             Some(values) => values.iter_mut().for_each(|v| *v *= factor),
-            None => *g = g.mul(&scale)?,
+            None => *g = g.mul(&scale.to(&g.device())?)?,
         }
     }
     Ok(total)

@@ -252,31 +252,29 @@ fn run_step(
             matmul,
             shape_of,
             inputs,
-            body,
             outputs,
+            ..
         } => {
-            // The product first, then the group over it (its own kernel: the fused epilogue
-            // inside the GEMM is still to come).
-            run_node(v, *matmul, ctx)?;
+            // One kernel: the GEMM runs the group on each value it finishes.
+            let kernel =
+                kernel.ok_or_else(|| RtxError::Gpu("a matmul epilogue has no kernel".into()))?;
+            let product = v.f.graph.node(*matmul);
+            let (a, b) = (v.get(product.args[0])?, v.get(product.args[1])?);
+            let product_shape = v.shape(*matmul)?;
             let shape = v.shape(*shape_of)?;
-            let mut ins = inputs
+            let others = inputs[1..]
                 .iter()
                 .map(|&i| v.get(i))
                 .collect::<Result<Vec<_>>>()?;
-            if let Some(first) = ins.first_mut()
-                && first.shape() != shape.as_slice()
-            {
-                *first = first.reshape(&shape)?;
-            }
-            let refs: Vec<&Tensor> = ins.iter().collect();
-            let fused = Step::Fused {
-                shape_of: *shape_of,
-                inputs: inputs.clone(),
-                body: body.clone(),
-                outputs: outputs.clone(),
-            };
-            let k = rtx_ir::emit::fused_kernel(&fused, "rtx_epilogue", Target::Wgsl);
-            let outs = pointwise(body, &refs, outputs, &shape, k.as_ref(), ctx)?;
+            let refs: Vec<&Tensor> = others.iter().collect();
+            let outs = ops::gemm_epilogue(
+                (&a, &b, &product_shape),
+                &refs,
+                outputs.len(),
+                &shape,
+                kernel,
+                ctx,
+            )?;
             for (&o, t) in outputs.iter().zip(outs) {
                 v.set(o, t);
             }

@@ -14,6 +14,7 @@
 //! results agree to a few ulp.
 
 pub mod cuda;
+mod gemm;
 mod rows;
 pub mod wgsl;
 
@@ -42,11 +43,33 @@ pub struct KernelSource {
     pub inputs: usize,
     /// Output buffers, written contiguously in the group's shape, in output order.
     pub outputs: usize,
+    pub kind: KernelKind,
+}
+
+/// What a kernel computes, which says how it is dispatched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelKind {
+    /// One thread per element of a `Step::Fused` group.
+    Pointwise,
+    /// One thread per row of a `Step::Rows` group.
+    Rows,
+    /// A matmul with its epilogue group in the store (WGSL): 64 x 64 tiles per workgroup;
+    /// buffers meta, A, B, the group's other inputs, its outputs.
+    GemmEpilogue,
+    /// A `Step::MatMulEpilogue`'s group alone over the finished product (CUDA, after the
+    /// vendor GEMM): dispatched as a pointwise kernel.
+    Epilogue,
 }
 
 impl KernelSource {
     /// WGSL kernels enter at `main`; CUDA and HIP ones at their own (`extern "C"`) name.
-    fn new(name: &str, target: Target, source: String, inputs: usize, outputs: usize) -> Self {
+    fn new(
+        name: &str,
+        target: Target,
+        source: String,
+        (inputs, outputs): (usize, usize),
+        kind: KernelKind,
+    ) -> Self {
         KernelSource {
             name: name.to_string(),
             target,
@@ -57,9 +80,12 @@ impl KernelSource {
             source,
             inputs,
             outputs,
+            kind,
         }
     }
 }
+
+pub use gemm::{GEMM_TILE, gemm_epilogue};
 
 /// Threads per workgroup (WGSL) or block (CUDA) of a fused pointwise kernel.
 pub const POINTWISE_GROUP: u32 = 256;
@@ -120,16 +146,43 @@ pub fn fused_kernel(step: &Step, name: &str, target: Target) -> Option<KernelSou
         name,
         target,
         source,
-        inputs.len(),
-        outputs.len(),
+        (inputs.len(), outputs.len()),
+        KernelKind::Pointwise,
     ))
 }
 
-/// The kernel of `step` of `graph` for `target`: fused pointwise groups and row groups;
-/// `None` for steps the backend runs with its own kernels.
+/// The kernel of `step` of `graph` for `target`: fused pointwise groups, row groups, and
+/// matmul epilogues (in WGSL the GEMM with the group in its store, [`gemm_epilogue`],
+/// buffers: meta, A, B, the group's other inputs, its outputs; in CUDA the group alone, a
+/// pointwise kernel over the product that cuBLAS writes); `None` for steps the backend runs
+/// with its own kernels.
 pub fn kernel(graph: &Graph, step: &Step, name: &str, target: Target) -> Option<KernelSource> {
     if let Some(k) = fused_kernel(step, name, target) {
         return Some(k);
+    }
+    if let Step::MatMulEpilogue {
+        inputs,
+        body,
+        outputs,
+        ..
+    } = step
+    {
+        return Some(match target {
+            Target::Wgsl => KernelSource::new(
+                name,
+                target,
+                gemm_epilogue(inputs.len(), body, outputs),
+                (inputs.len() + 1, outputs.len()),
+                KernelKind::GemmEpilogue,
+            ),
+            Target::Cuda => KernelSource::new(
+                name,
+                target,
+                cuda::fused(name, inputs.len(), body, outputs),
+                (inputs.len(), outputs.len()),
+                KernelKind::Epilogue,
+            ),
+        });
     }
     let Step::Rows {
         shape_of,
@@ -158,8 +211,8 @@ pub fn kernel(graph: &Graph, step: &Step, name: &str, target: Target) -> Option<
         name,
         target,
         source,
-        inputs.len(),
-        outputs.len(),
+        (inputs.len(), outputs.len()),
+        KernelKind::Rows,
     ))
 }
 
@@ -175,7 +228,8 @@ pub fn passes(f: &GraphFn) -> Vec<(&'static str, Vec<Step>)> {
     out
 }
 
-/// Every fused pointwise and row-group kernel of every function of `ir`, for `target`.
+/// Every fused pointwise, row-group and matmul-epilogue kernel of every function of `ir`,
+/// for `target`.
 pub fn model_kernels(ir: &ModelIr, target: Target) -> Vec<KernelSource> {
     let mut out = Vec::new();
     for f in &ir.functions {

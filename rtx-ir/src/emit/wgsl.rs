@@ -115,7 +115,7 @@ fn rtx_ne(a: f32, b: f32) -> f32 { return select(0.0, 1.0, a != b); }
 fn rtx_select(c: f32, a: f32, b: f32) -> f32 { return select(b, a, c != 0.0); }
 "#;
 
-struct Wgsl;
+pub(crate) struct Wgsl;
 
 impl Spelling for Wgsl {
     fn literal(&self, value: f32) -> String {
@@ -221,7 +221,7 @@ pub fn rows(varies: &[bool], body: &[RowInstr], outputs: &[NodeId], wide_out: &[
 /// Each input's offset at the thread's element (`rows == false`, counted by `i`) or at the
 /// first column of its row (`rows`, counted by `r`, also reading the last axis's stride
 /// `st{i}`): from its base word, adding coordinate times stride from the innermost axis out.
-fn offsets(inputs: usize, rows: bool) -> String {
+pub(crate) fn offsets(inputs: usize, rows: bool) -> String {
     let mut k = String::new();
     for i in 0..inputs {
         k.push_str(&format!(
@@ -267,7 +267,7 @@ fn bindings(inputs: usize, outputs: usize) -> String {
     k
 }
 
-fn rounding(inputs: usize) -> String {
+pub(crate) fn rounding(inputs: usize) -> String {
     format!(
         "    let rb = 2u + rank + {inputs}u * (rank + 1u);\n    \
          let rounding = Rounding(params[rb], params[rb + 1u], params[rb + 2u], params[rb + 3u],\n        \
