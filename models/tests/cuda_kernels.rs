@@ -108,3 +108,58 @@ fn a_kernel_that_does_not_compile_is_an_error_with_nvrtcs_log() {
         "{err}"
     );
 }
+
+/// The MLP's module through the kernel cache in `RTX_KERNEL_CACHE`; prints how many modules
+/// this process compiled. Run as a child process by the test below.
+#[test]
+#[ignore = "run as a child process by a_second_process_compiles_nothing"]
+fn compile_the_mlp_through_the_kernel_cache() {
+    let cache = rtx_backends::kernel_cache::KernelCache::default_location();
+    let ir = Mlp::graph().unwrap();
+    let mut module = String::from(PRELUDE);
+    for k in model_kernels(&ir, Target::Cuda) {
+        module.push_str(k.source.strip_prefix(PRELUDE).unwrap());
+    }
+    let k = rtx_backends::cuda::compile_cached(&cache, "mlp", &module, "sm_90", &[]).unwrap();
+    assert!(k.cubin.len() > 1000 && k.ptx.contains(".entry"));
+    println!("compiled={}", rtx_backends::kernel_cache::compiled());
+}
+
+#[test]
+fn a_second_process_compiles_nothing() {
+    let test = "a_second_process_compiles_nothing";
+    if !nvrtc(test) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rtx-kernel-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = || {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "compile_the_mlp_through_the_kernel_cache",
+                "--nocapture",
+            ])
+            .env("RTX_KERNEL_CACHE", &dir)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "child failed: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    assert!(
+        run().contains("compiled=1"),
+        "the first process compiles the module"
+    );
+    assert!(
+        run().contains("compiled=0"),
+        "the second loads it from {}",
+        dir.display()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -16,6 +16,8 @@ pub mod cuda;
 pub mod gpu_error;
 #[cfg(feature = "hip")]
 pub mod hip;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub mod kernel_cache;
 pub mod layout;
 pub mod pool;
 #[cfg(feature = "wgpu")]

@@ -128,3 +128,26 @@ pub fn compile(name: &str, source: &str, arch: &str, options: &[&str]) -> Result
         cubin,
     })
 }
+
+/// [`compile`] through `cache`: an entry for the same source, architecture, options and
+/// NVRTC version is loaded instead of compiled.
+pub fn compile_cached(
+    cache: &crate::kernel_cache::KernelCache,
+    name: &str,
+    source: &str,
+    arch: &str,
+    options: &[&str],
+) -> Result<CompiledKernel> {
+    let (major, minor) = nvrtc_version()?;
+    let compiler = format!("nvrtc {major}.{minor}");
+    let options_text = options.join(" ");
+    let (ptx, cubin) = cache.get_or_compile(&[&compiler, arch, &options_text, source], || {
+        compile(name, source, arch, options).map(|k| (k.ptx, k.cubin))
+    })?;
+    Ok(CompiledKernel {
+        name: name.to_string(),
+        arch: arch.to_string(),
+        ptx,
+        cubin,
+    })
+}

@@ -168,3 +168,24 @@ pub fn compile(name: &str, source: &str, arch: &str, options: &[&str]) -> Result
         code: bytes,
     })
 }
+
+/// [`compile`] through `cache`: an entry for the same source, architecture, options and
+/// hiprtc library is loaded instead of compiled.
+pub fn compile_cached(
+    cache: &crate::kernel_cache::KernelCache,
+    name: &str,
+    source: &str,
+    arch: &str,
+    options: &[&str],
+) -> Result<CompiledKernel> {
+    let compiler = format!("hiprtc {LIBRARY}");
+    let options_text = options.join(" ");
+    let (_, code) = cache.get_or_compile(&[&compiler, arch, &options_text, source], || {
+        compile(name, source, arch, options).map(|k| (String::new(), k.code))
+    })?;
+    Ok(CompiledKernel {
+        name: name.to_string(),
+        arch: arch.to_string(),
+        code,
+    })
+}
