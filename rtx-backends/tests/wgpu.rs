@@ -104,3 +104,22 @@ fn the_grid_spills_into_y_past_the_per_dimension_limit() {
     assert_eq!(grid(256 * 70_000, 256, 65535).unwrap(), [65535, 2, 1]);
     assert!(grid(usize::MAX / 2, 1, 65535).is_err());
 }
+
+#[test]
+fn a_dropped_buffer_is_reused_and_zeros_from_the_cache_are_zero() {
+    let Some(dev) = device("a_dropped_buffer_is_reused_and_zeros_from_the_cache_are_zero") else {
+        return;
+    };
+    let before = dev.cached_bytes();
+    let filled = dev.upload_f32(&random(1000, 3)).unwrap();
+    drop(filled);
+    let cached = dev.cached_bytes();
+    assert_eq!(cached, before + 4096, "1000 values wait in the 4 KiB class");
+    let zeros = dev.zeros(1000).unwrap();
+    assert_eq!(
+        dev.cached_bytes(),
+        before,
+        "the next buffer of the class took it"
+    );
+    assert!(dev.read_f32(&zeros).unwrap().iter().all(|&v| v == 0.0));
+}

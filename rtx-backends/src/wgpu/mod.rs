@@ -13,9 +13,8 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, mpsc};
 
-use ::wgpu::util::DeviceExt;
-
 mod kernels;
+mod pool;
 
 pub use crate::gpu_error::{GpuError, Result};
 pub use kernels::{ATTENTION_MAX_HEAD, AttentionShape, GpuView, Reduce, UpdateRule};
@@ -27,12 +26,24 @@ pub struct WgpuDevice {
     info: ::wgpu::AdapterInfo,
     limits: ::wgpu::Limits,
     pipelines: Mutex<HashMap<u64, Arc<::wgpu::ComputePipeline>>>,
+    pool: pool::Pool,
 }
 
-/// A buffer on a [`WgpuDevice`]: `len` 32-bit values (f32 or u32).
+/// A buffer on a [`WgpuDevice`]: `len` 32-bit values (f32 or u32). On drop it goes back to
+/// its device's cache for the next buffer of its size class.
 pub struct GpuBuffer {
-    buffer: ::wgpu::Buffer,
+    buffer: std::mem::ManuallyDrop<::wgpu::Buffer>,
     len: usize,
+    class: u64,
+    pool: pool::Pool,
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `buffer` is taken once, here, and never used after.
+        let buffer = unsafe { std::mem::ManuallyDrop::take(&mut self.buffer) };
+        self.pool.give_back(self.class, buffer);
+    }
 }
 
 impl GpuBuffer {
@@ -85,6 +96,7 @@ impl WgpuDevice {
             info,
             limits,
             pipelines: Mutex::new(HashMap::new()),
+            pool: pool::Pool::default(),
         })
     }
 
@@ -132,27 +144,44 @@ impl WgpuDevice {
         Ok(value)
     }
 
-    fn upload_bytes(&self, bytes: &[u8], len: usize) -> Result<GpuBuffer> {
-        // wgpu refuses zero-sized bindings: an empty buffer still holds one word.
-        let padded;
-        let contents = if bytes.is_empty() {
-            padded = [0u8; 4];
-            &padded[..]
-        } else {
-            bytes
-        };
-        self.check_size(contents.len() as u64)?;
-        let buffer = self.scoped(contents.len() as u64, || {
-            self.device
-                .create_buffer_init(&::wgpu::util::BufferInitDescriptor {
+    /// A buffer of at least `bytes` bytes (its size class), from the cache when one waits.
+    fn allocate(&self, bytes: u64, len: usize) -> Result<GpuBuffer> {
+        let bytes = bytes.max(4);
+        self.check_size(bytes)?;
+        let class = pool::class_of(bytes).min(
+            self.limits
+                .max_storage_buffer_binding_size
+                .min(self.limits.max_buffer_size)
+                .max(bytes),
+        );
+        let buffer = match self.pool.take(class) {
+            Some(b) => b,
+            None => self.scoped(class, || {
+                self.device.create_buffer(&::wgpu::BufferDescriptor {
                     label: None,
-                    contents,
+                    size: class,
                     usage: ::wgpu::BufferUsages::STORAGE
                         | ::wgpu::BufferUsages::COPY_SRC
                         | ::wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
                 })
-        })?;
-        Ok(GpuBuffer { buffer, len })
+            })?,
+        };
+        Ok(GpuBuffer {
+            buffer: std::mem::ManuallyDrop::new(buffer),
+            len,
+            class,
+            pool: self.pool.clone(),
+        })
+    }
+
+    fn upload_bytes(&self, bytes: &[u8], len: usize) -> Result<GpuBuffer> {
+        let buf = self.allocate(bytes.len() as u64, len)?;
+        if !bytes.is_empty() {
+            // Staged by the queue and ordered before every later submission.
+            self.queue.write_buffer(&buf.buffer, 0, bytes);
+        }
+        Ok(buf)
     }
 
     /// A buffer holding `data`.
@@ -169,23 +198,19 @@ impl WgpuDevice {
 
     /// A buffer of `len` zeros.
     pub fn zeros(&self, len: usize) -> Result<GpuBuffer> {
-        let bytes = (len.max(1) as u64)
-            .checked_mul(4)
-            .ok_or(GpuError::OutOfMemory {
-                requested: u64::MAX,
-            })?;
-        self.check_size(bytes)?;
-        let buffer = self.scoped(bytes, || {
-            self.device.create_buffer(&::wgpu::BufferDescriptor {
-                label: None,
-                size: bytes,
-                usage: ::wgpu::BufferUsages::STORAGE
-                    | ::wgpu::BufferUsages::COPY_SRC
-                    | ::wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
+        let bytes = (len as u64).checked_mul(4).ok_or(GpuError::OutOfMemory {
+            requested: u64::MAX,
         })?;
-        Ok(GpuBuffer { buffer, len })
+        let buf = self.allocate(bytes, len)?;
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        encoder.clear_buffer(&buf.buffer, 0, None);
+        self.queue.submit([encoder.finish()]);
+        Ok(buf)
+    }
+
+    /// Bytes of freed buffers the device keeps for reuse.
+    pub fn cached_bytes(&self) -> u64 {
+        self.pool.cached_bytes()
     }
 
     /// The values of `buf`, copied back to the host (waits for queued work).
