@@ -139,7 +139,11 @@ impl DeviceArg {
         match self {
             DeviceArg::Cpu => Ok(Device::Cpu),
             #[cfg(feature = "wgpu")]
-            DeviceArg::Wgpu => Device::wgpu(),
+            DeviceArg::Wgpu => {
+                let device = Device::wgpu()?;
+                println!("device: {device}");
+                Ok(device)
+            }
             #[cfg(not(feature = "wgpu"))]
             DeviceArg::Wgpu => Err(RtxError::Invalid(
                 "this binary was built without the `wgpu` feature; run `cargo run --release -p models --features wgpu -- train --device wgpu`".into(),

@@ -13,11 +13,15 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, mpsc};
 
+mod attention;
 mod kernels;
+mod optim;
 mod pool;
 
 pub use crate::gpu_error::{GpuError, Result};
-pub use kernels::{ATTENTION_MAX_HEAD, AttentionShape, GpuView, Reduce, UpdateRule};
+pub use attention::{ATTENTION_MAX_HEAD, AttentionShape};
+pub use kernels::{GpuView, Reduce};
+pub use optim::UpdateRule;
 
 /// One wgpu device and its queue, with the pipelines compiled on it.
 pub struct WgpuDevice {

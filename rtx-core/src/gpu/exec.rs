@@ -267,7 +267,7 @@ fn run_step(
                 .map(|&i| v.get(i))
                 .collect::<Result<Vec<_>>>()?;
             let refs: Vec<&Tensor> = others.iter().collect();
-            let outs = ops::gemm_epilogue(
+            let outs = super::gemm::gemm_epilogue(
                 (&a, &b, &product_shape),
                 &refs,
                 outputs.len(),

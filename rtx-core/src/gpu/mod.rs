@@ -10,6 +10,8 @@
 #[cfg(feature = "wgpu")]
 mod exec;
 #[cfg(feature = "wgpu")]
+mod gemm;
+#[cfg(feature = "wgpu")]
 mod ops;
 
 #[cfg(feature = "wgpu")]

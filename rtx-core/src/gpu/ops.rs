@@ -54,7 +54,7 @@ pub(crate) fn wrap(
     )
 }
 
-fn fresh(device: &Arc<WgpuDevice>, shape: &[usize]) -> Result<Tensor> {
+pub(crate) fn fresh(device: &Arc<WgpuDevice>, shape: &[usize]) -> Result<Tensor> {
     let n = shape.iter().product();
     Ok(wrap(device, device.zeros(n)?, shape))
 }
@@ -105,7 +105,7 @@ pub(crate) fn copy_to(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
 
 /// The meta strides of `t` read at every element of `shape` (right-aligned broadcasting:
 /// stride 0 along axes `t` lacks or has as 1).
-fn broadcast_strides(t: &Tensor, shape: &[usize]) -> Result<Vec<u32>> {
+pub(crate) fn broadcast_strides(t: &Tensor, shape: &[usize]) -> Result<Vec<u32>> {
     let l = t.layout();
     let lead = shape.len().checked_sub(l.rank()).ok_or_else(|| {
         RtxError::Gpu(format!(
@@ -129,7 +129,7 @@ fn broadcast_strides(t: &Tensor, shape: &[usize]) -> Result<Vec<u32>> {
         .collect()
 }
 
-fn u32_of(v: usize, what: &str) -> Result<u32> {
+pub(crate) fn u32_of(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| RtxError::Gpu(format!("{what} {v} exceeds 2^32")))
 }
 
@@ -212,7 +212,7 @@ pub(crate) fn as_kernel(k: &KernelSource) -> rtx_backends::wgpu::Kernel<'_> {
     }
 }
 
-fn view<'a>(t: &'a Tensor) -> Result<GpuView<'a>> {
+pub(crate) fn view<'a>(t: &'a Tensor) -> Result<GpuView<'a>> {
     let l = t.layout();
     Ok(GpuView {
         buffer: &gpu(t)?.buffer,
@@ -220,164 +220,6 @@ fn view<'a>(t: &'a Tensor) -> Result<GpuView<'a>> {
         shape: l.shape.to_vec(),
         strides: l.strides.to_vec(),
     })
-}
-
-/// The operands of `a @ b` as `[batches, m, k]` and `[batches, k, n]` views: batch axes
-/// flattened to one stride when they nest like a contiguous block (0 for a 2-D operand),
-/// otherwise the operand copied out in full first. The tensors returned own the views.
-struct Gemm {
-    a: Tensor,
-    a_batch: usize,
-    b: Tensor,
-    b_batch: usize,
-    batches: usize,
-    m: usize,
-    k: usize,
-    n: usize,
-}
-
-impl Gemm {
-    fn new(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Gemm> {
-        let r = out_shape.len();
-        let batch_shape = &out_shape[..r - 2];
-        let batches: usize = batch_shape.iter().product();
-        let operand = |t: &Tensor| -> Result<(Tensor, usize)> {
-            let l = t.layout();
-            let tr = l.rank();
-            if tr == 2 {
-                return Ok((t.clone(), 0));
-            }
-            let own = &l.shape[..tr - 2];
-            if own == batch_shape {
-                let nests = (0..own.len().saturating_sub(1))
-                    .all(|i| own[i + 1] == 1 || l.strides[i] == l.strides[i + 1] * own[i + 1]);
-                if nests {
-                    let stride = if batches == 1 { 0 } else { l.strides[tr - 3] };
-                    return Ok((t.clone(), stride));
-                }
-            }
-            let mut full = batch_shape.to_vec();
-            full.extend_from_slice(&l.shape[tr - 2..]);
-            let c = copy_to(t, &full)?;
-            Ok((c, l.shape[tr - 2] * l.shape[tr - 1]))
-        };
-        let (a, a_batch) = operand(a)?;
-        let (b, b_batch) = operand(b)?;
-        let (la, lb) = (a.layout(), b.layout());
-        let (m, k) = (la.shape[la.rank() - 2], la.shape[la.rank() - 1]);
-        let n = lb.shape[lb.rank() - 1];
-        Ok(Gemm {
-            a,
-            a_batch,
-            b,
-            b_batch,
-            batches,
-            m,
-            k,
-            n,
-        })
-    }
-
-    fn views(&self) -> Result<(GpuView<'_>, GpuView<'_>)> {
-        let (la, lb) = (self.a.layout(), self.b.layout());
-        let a = GpuView {
-            shape: vec![self.batches, self.m, self.k],
-            strides: vec![
-                self.a_batch,
-                la.strides[la.rank() - 2],
-                la.strides[la.rank() - 1],
-            ],
-            ..view(&self.a)?
-        };
-        let b = GpuView {
-            shape: vec![self.batches, self.k, self.n],
-            strides: vec![
-                self.b_batch,
-                lb.strides[lb.rank() - 2],
-                lb.strides[lb.rank() - 1],
-            ],
-            ..view(&self.b)?
-        };
-        Ok((a, b))
-    }
-}
-
-/// `a @ b` with batch axes broadcast to `out_shape`'s.
-fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Tensor> {
-    let device = Arc::clone(&gpu(a)?.device);
-    let gemm = Gemm::new(a, b, out_shape)?;
-    let (va, vb) = gemm.views()?;
-    let out = fresh(&device, out_shape)?;
-    device.matmul(&va, &vb, &gpu(&out)?.buffer)?;
-    Ok(out)
-}
-
-/// A matmul `a @ b` (of shape `product_shape`) and its epilogue group of `shape` in one
-/// kernel (`rtx_ir::emit::gemm_epilogue`): `others` are the group's inputs after the
-/// product; returns one contiguous tensor per output.
-pub(crate) fn gemm_epilogue(
-    (a, b, product_shape): (&Tensor, &Tensor, &[usize]),
-    others: &[&Tensor],
-    outputs: usize,
-    shape: &[usize],
-    kernel: &KernelSource,
-    ctx: &Ctx,
-) -> Result<Vec<Tensor>> {
-    let device = Arc::clone(&gpu(a)?.device);
-    let gemm = Gemm::new(a, b, product_shape)?;
-    let (va, vb) = gemm.views()?;
-    // The group's meta with the product as input 0 (its words are never read), then the
-    // GEMM's sizes and operand layouts.
-    let dims: Vec<u32> = shape
-        .iter()
-        .map(|&d| u32_of(d, "dimension"))
-        .collect::<Result<_>>()?;
-    let mut per_input = vec![(0u32, vec![0u32; shape.len()])];
-    for t in others {
-        per_input.push((
-            u32_of(t.layout().offset, "offset")?,
-            broadcast_strides(t, shape)?,
-        ));
-    }
-    let mut words = Meta::words(&dims, &per_input, ctx.rounding().words());
-    for v in [
-        gemm.m,
-        gemm.k,
-        gemm.n,
-        gemm.batches,
-        va.offset,
-        va.strides[0],
-        va.strides[1],
-        va.strides[2],
-        vb.offset,
-        vb.strides[0],
-        vb.strides[1],
-        vb.strides[2],
-    ] {
-        words.push(u32_of(v, "matmul size")?);
-    }
-    let outs: Vec<Tensor> = (0..outputs)
-        .map(|_| fresh(&device, shape))
-        .collect::<Result<_>>()?;
-    if gemm.batches * gemm.m * gemm.n == 0 {
-        return Ok(outs);
-    }
-    let meta = device.upload_u32(&words)?;
-    let mut buffers = vec![&meta, va.buffer, vb.buffer];
-    for t in others {
-        buffers.push(&gpu(t)?.buffer);
-    }
-    for t in &outs {
-        buffers.push(&gpu(t)?.buffer);
-    }
-    let tile = rtx_ir::emit::GEMM_TILE as usize;
-    let groups = [
-        u32_of(gemm.n.div_ceil(tile), "matmul grid")?,
-        u32_of(gemm.m.div_ceil(tile), "matmul grid")?,
-        u32_of(gemm.batches, "matmul batch count")?,
-    ];
-    device.dispatch(&as_kernel(kernel), &buffers, groups)?;
-    Ok(outs)
 }
 
 fn reduce(x: &Tensor, reduced: &[bool], mode: Reduce, out_shape: &[usize]) -> Result<Tensor> {
@@ -463,7 +305,7 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
             a(0)?.with_layout(a(0)?.layout().narrow(*axis, *start, *len))
         }
         Op::BroadcastTo => a(0)?.with_layout(a(0)?.layout().broadcast_to(out_shape)),
-        Op::MatMul => matmul(a(0)?, a(1)?, out_shape)?,
+        Op::MatMul => super::gemm::matmul(a(0)?, a(1)?, out_shape)?,
         Op::Sum { axes, .. } | Op::Mean { axes, .. } | Op::Max { axes, .. } => {
             let x = a(0)?;
             let mut reduced = vec![false; x.rank()];
