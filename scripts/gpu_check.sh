@@ -22,7 +22,7 @@ ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | he
 echo "gpu_check: compute capability ${ARCH:-unknown}"
 
 # libnvrtc: the CUDA toolkit's, else a pip wheel already on the machine.
-for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia.cuda_nvrtc, os; print(os.path.dirname(nvidia.cuda_nvrtc.__file__) + "/lib")' 2>/dev/null); do
+for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia.cuda_nvrtc, os; print(os.path.join(list(nvidia.cuda_nvrtc.__path__)[0], "lib"))' 2>/dev/null); do
     [ -e "$d/libnvrtc.so.12" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 

@@ -26,6 +26,9 @@ pub enum Reduce {
     Mean,
     /// The largest value; NaN when any value is NaN (as on the CPU).
     Max,
+    /// The position of the first largest value (NaN first, as on the CPU), written as a u32
+    /// word: the output buffer holds indices.
+    ArgMax,
 }
 
 /// Output tile edge of the GEMM (each of 16 x 16 threads computes 4 x 4 values).
@@ -99,7 +102,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 /// One thread per output element: its kept coordinates give a base offset, then a loop over
 /// the reduced elements. Meta: `[outputs, reduced count, kept rank, reduced rank, mode,
 /// offset, kept sizes.., kept strides.., reduced sizes.., reduced strides..]`, mode 0 sum,
-/// 1 mean, 2 max.
+/// 1 mean, 2 max, 3 the position of the first maximum (as u32 bits).
 const REDUCE: &str = r#"
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -121,6 +124,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     var acc = 0.0;
     if (mode == 2u) { acc = bitcast<f32>(0xff800000u); }
     var nan = false;
+    var best = 0u;
+    var best_v = 0.0;
     for (var e = 0u; e < count; e = e + 1u) {
         var off = base;
         var r = e;
@@ -130,7 +135,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             r = r / size;
         }
         let v = x[off];
-        if (mode == 2u) {
+        if (mode == 3u) {
+            // The first maximum; a NaN wins and stays (as on the CPU).
+            if (e == 0u || (best_v == best_v && (v != v || v > best_v))) { best = e; best_v = v; }
+        } else if (mode == 2u) {
             nan = nan || v != v;
             acc = max(acc, v);
         } else {
@@ -139,6 +147,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     if (mode == 1u) { acc = acc / f32(count); }
     if (nan) { acc = bitcast<f32>(0x7fc00000u); }
+    if (mode == 3u) { acc = bitcast<f32>(best); }
     out[o] = acc;
 }
 "#;
@@ -288,6 +297,7 @@ impl WgpuDevice {
             Reduce::Sum => 0,
             Reduce::Mean => 1,
             Reduce::Max => 2,
+            Reduce::ArgMax => 3,
         };
         let mut meta = words(&[outputs, count, ks.len(), rs.len()], "reduction size")?;
         meta.push(mode_word);

@@ -420,6 +420,25 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
             }
             out
         }
+        Op::ArgMax { axis } => {
+            let x = a(0)?;
+            let mut reduced = vec![false; x.rank()];
+            if let Some(r) = reduced.get_mut(*axis) {
+                *r = true;
+            }
+            let device = Arc::clone(&gpu(x)?.device);
+            let words = device.zeros(out_shape.iter().product())?;
+            device.reduce(&view(x)?, &reduced, Reduce::ArgMax, &words)?;
+            Tensor::from_parts(
+                Storage::Wgpu(GpuStorage {
+                    device,
+                    buffer: words,
+                    dtype: DType::I64,
+                    host_i64: None,
+                }),
+                Layout::contiguous(out_shape),
+            )
+        }
         Op::Embedding => {
             let (w, ids) = (a(0)?, a(1)?);
             let vocab = w.shape().first().copied().unwrap_or(0);
