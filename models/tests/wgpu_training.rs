@@ -275,3 +275,32 @@ fn clipping_gradients_on_wgpu_gives_the_cpu_norm_and_scale() {
         assert!(misfit(got, want, 1e-4) < 1.0, "{name}");
     }
 }
+
+#[test]
+fn the_cnn_loss_and_gradients_on_wgpu_match_the_cpu() {
+    let Some(dev) = device("the_cnn_loss_and_gradients_on_wgpu_match_the_cpu") else {
+        return;
+    };
+    use models::cnn::Cnn;
+    let mut rng = Rng::new(18);
+    let cpu = Cnn::init(6);
+    let mut gpu = Cnn::init(6);
+    gpu.to(&dev).unwrap();
+    let (x, y) = (random(&[6, 1, 8, 8], &mut rng), labels(6, 10, &mut rng));
+    let (loss, grads) = cpu.loss_and_grads(&mut Ctx::train(5), &x, &y).unwrap();
+    let (xd, yd) = (x.to(&dev).unwrap(), y.to(&dev).unwrap());
+    let (gloss, ggrads) = gpu.loss_and_grads(&mut Ctx::train(5), &xd, &yd).unwrap();
+    let (l, gl) = (loss.item().unwrap(), gloss.item().unwrap());
+    assert!((l - gl).abs() < 1e-5 * l.abs(), "loss {gl} vs {l}");
+    for (name, want) in grads.iter() {
+        let got = ggrads.get(name).unwrap();
+        assert_eq!(got.device(), dev, "{name}");
+        let m = misfit(got, want, 1e-4);
+        assert!(m < 1.0, "{name}: {m} of the tolerance");
+    }
+    let moved_to_cpu = rtx_core::gpu::cpu_fallbacks();
+    assert!(
+        moved_to_cpu.is_empty(),
+        "ops run on the CPU: {moved_to_cpu:?}"
+    );
+}

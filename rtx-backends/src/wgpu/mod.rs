@@ -20,7 +20,7 @@ mod pool;
 
 pub use crate::gpu_error::{GpuError, Result};
 pub use attention::{ATTENTION_MAX_HEAD, AttentionShape};
-pub use kernels::{GpuView, Reduce};
+pub use kernels::{ConvPass, ConvShape, GpuView, PoolPass, Reduce};
 pub use optim::UpdateRule;
 
 /// One wgpu device and its queue, with the pipelines compiled on it.
