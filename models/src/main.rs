@@ -82,7 +82,7 @@ enum Command {
         /// or f16 (f32 accumulation, f32 master weights; f16 with dynamic loss scaling).
         #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
         precision: PrecisionArg,
-        /// mlp, cnn: where training runs. `wgpu` (a binary built with `--features wgpu`)
+        /// Where training runs. `wgpu` (a binary built with `--features wgpu`)
         /// runs every step on the first GPU wgpu finds (Mesa's llvmpipe without one).
         #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
         device: DeviceArg,
@@ -349,8 +349,9 @@ fn main() -> ExitCode {
             resume,
             stop_after,
             precision,
+            device,
             ..
-        }) => {
+        }) => device.open().and_then(|device| {
             let d = GptConfig::default();
             train_gpt_and_report(
                 &GptConfig {
@@ -368,11 +369,12 @@ fn main() -> ExitCode {
                     resume,
                     stop_after,
                     precision: precision.into(),
+                    device,
                     ..d
                 },
                 save,
             )
-        }
+        }),
         Some(Command::Train {
             model,
             epochs,

@@ -44,6 +44,9 @@ pub struct GptConfig {
     /// The precision of products (`Ctx::with_precision`): f32, or bf16 / f16 with f32
     /// master weights; f16 runs with dynamic loss scaling (`LossScaler`).
     pub precision: Precision,
+    /// Where the steps and evaluations run (`Device::Cpu`, or a GPU with the `wgpu`
+    /// feature); the trained model comes back on the CPU.
+    pub device: Device,
 }
 
 impl Default for GptConfig {
@@ -64,6 +67,7 @@ impl Default for GptConfig {
             resume: None,
             stop_after: None,
             precision: Precision::F32,
+            device: Device::Cpu,
         }
     }
 }
@@ -218,7 +222,14 @@ pub fn train_gpt_on(
     if let Some(n) = cfg.eval_batches {
         val_batches.truncate(n.max(1));
     }
+    if !cfg.device.is_cpu() {
+        val_batches = val_batches
+            .iter()
+            .map(|(x, y)| Ok((x.to(&cfg.device)?, y.to(&cfg.device)?)))
+            .collect::<Result<_>>()?;
+    }
     let mut model = Gpt::init(cfg.seed);
+    model.to(&cfg.device)?;
     let mut opt = AdamW::new(cfg.lr).weight_decay(0.1).betas(0.9, 0.99);
     let schedule = WarmupCosine {
         base: cfg.lr,
@@ -283,6 +294,7 @@ pub fn train_gpt_on(
         };
         at.position += 1;
         let lr = schedule.lr(at.step);
+        let (x, y) = (x.to(&cfg.device)?, y.to(&cfg.device)?);
         let batch = (&x, &y);
         let loss = match at.scaler.as_mut() {
             Some(scaler) => {
@@ -344,6 +356,7 @@ pub fn train_gpt_on(
         losses,
         skipped_steps: at.scaler.as_ref().map_or(0, |s| s.skipped_steps()),
     };
+    model.to(&Device::Cpu)?;
     Ok((model, report))
 }
 

@@ -304,3 +304,44 @@ fn the_cnn_loss_and_gradients_on_wgpu_match_the_cpu() {
         "ops run on the CPU: {moved_to_cpu:?}"
     );
 }
+
+#[test]
+fn gpt_training_steps_on_wgpu_follow_the_cpu_and_save_a_loadable_checkpoint() {
+    let test = "gpt_training_steps_on_wgpu_follow_the_cpu_and_save_a_loadable_checkpoint";
+    let Some(dev) = device(test) else {
+        return;
+    };
+    use models::train_gpt::{GptConfig, train_gpt_on};
+    let stream: Vec<i64> = (0..3000).map(|i| (i * 7 + i / 13) % 84).collect();
+    let dir = std::env::temp_dir().join(format!("rtx-wgpu-gpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = GptConfig {
+        steps: 3,
+        batch: 2,
+        eval_every: 3,
+        eval_batches: Some(1),
+        checkpoint: Some(dir.join("gpu.safetensors")),
+        ..GptConfig::default()
+    };
+    let (_, cpu) = train_gpt_on(&cfg, &stream[..2500], &stream[2500..]).unwrap();
+    let on_gpu = GptConfig {
+        device: dev.clone(),
+        ..cfg.clone()
+    };
+    let (model, gpu) = train_gpt_on(&on_gpu, &stream[..2500], &stream[2500..]).unwrap();
+    assert_eq!(model.named_params()[0].1.device(), Device::Cpu);
+    for (step, (c, g)) in cpu.losses.iter().zip(&gpu.losses).enumerate() {
+        assert!(
+            (c - g).abs() < 1e-4 * c.abs(),
+            "step {step}: loss {g} on wgpu, {c} on cpu"
+        );
+    }
+    assert!((cpu.val_loss - gpu.val_loss).abs() < 1e-4 * cpu.val_loss.abs());
+    // The checkpoint saved from the device run loads into a model on the device.
+    let mut loaded = models::gpt::Gpt::init(9);
+    loaded.to(&dev).unwrap();
+    let mut opt = AdamW::new(1e-3);
+    rtx_core::resume::load_training(dir.join("gpu.safetensors"), &mut loaded, &mut opt).unwrap();
+    assert_eq!(loaded.named_params()[0].1.device(), dev);
+    let _ = std::fs::remove_dir_all(&dir);
+}

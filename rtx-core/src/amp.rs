@@ -110,6 +110,22 @@ impl LossScaler {
     pub fn update(&mut self, grads: &Grads) -> Result<bool> {
         let mut finite = true;
         for (_, g) in grads.iter() {
+            if !g.device().is_cpu() {
+                // On a device: `g * 0` is NaN exactly where `g` is not finite, and its sum
+                // is one value to read back.
+                let zero = crate::Tensor::scalar(0.0).to(&g.device())?;
+                let all = rtx_ir::Op::Sum {
+                    axes: (0..g.rank()).collect(),
+                    keepdim: false,
+                };
+                let probe = g.mul(&zero)?;
+                let sum = crate::ops::run_op(&all, &[&probe], &mut crate::Ctx::eval())?;
+                if !sum.item()?.is_finite() {
+                    finite = false;
+                    break;
+                }
+                continue;
+            }
             if !g.f32_contiguous()?.iter().all(|v| v.is_finite()) {
                 finite = false;
                 break;

@@ -35,6 +35,7 @@ pub trait Checkpoint: Module {
         let loaded = deserialize(&bytes)
             .and_then(|st| read_params(self, &st))
             .map_err(|message| checkpoint_error(path, message))?;
+        let loaded = on_params_devices(self, loaded)?;
         let mut it = loaded.into_iter();
         self.visit_params_mut("", &mut |_, t| {
             if let Some(new) = it.next() {
@@ -46,6 +47,21 @@ pub trait Checkpoint: Module {
 }
 
 impl<M: Module> Checkpoint for M {}
+
+/// `loaded` (in visit order) moved to the devices of `model`'s parameters, so a model on a
+/// GPU stays there; all moved before any parameter is replaced.
+pub(crate) fn on_params_devices<M: Module + ?Sized>(
+    model: &M,
+    loaded: Vec<Tensor>,
+) -> Result<Vec<Tensor>> {
+    let mut devices = Vec::new();
+    model.visit_params("", &mut |_, t| devices.push(t.device()));
+    loaded
+        .into_iter()
+        .zip(devices)
+        .map(|(t, d)| t.to(&d))
+        .collect()
+}
 
 /// Every parameter of `model` read from the parsed file `st`, in visit order, or why the file
 /// is unusable.

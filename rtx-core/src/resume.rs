@@ -122,6 +122,7 @@ pub fn load_training<M: Module, O: Optimizer>(
     }
     let st = deserialize(&bytes).map_err(bad)?;
     let params = read_params(model, &st).map_err(bad)?;
+    let params = crate::checkpoint::on_params_devices(&*model, params)?;
     let mut shapes = HashMap::new();
     model.visit_params("", &mut |name, t| {
         shapes.insert(name.to_string(), t.shape().to_vec());
