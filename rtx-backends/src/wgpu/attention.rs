@@ -8,9 +8,9 @@ use crate::gpu_error::{GpuError, Result};
 /// The longest head a device attention kernel keeps in registers.
 pub const ATTENTION_MAX_HEAD: usize = 128;
 
-/// Attention over contiguous `q [S, Tq, D]`, `k [S, Tk, D]`, `v [S, Tk, D]`, one thread per
+/// Attention over contiguous `q [S, Tq, D]`, `k [S, Tk, D]`, `v [S, Tk, Dv]`, one thread per
 /// query row: an online softmax over the keys, no `Tq x Tk` matrix. Meta: `[S, Tq, Tk, D,
-/// causal, scale bits]`.
+/// causal, scale bits, Dv]` (the gradient kernels take `Dv == D`).
 const ATTENTION: &str = r#"
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
@@ -21,14 +21,14 @@ const ATTENTION: &str = r#"
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let r = gid.x + gid.y * groups.x * 64u;
-    let tq = prm[1]; let tk = prm[2]; let d = prm[3];
+    let tq = prm[1]; let tk = prm[2]; let d = prm[3]; let dv = prm[6];
     if (r >= prm[0] * tq) { return; }
     let s = r / tq; let i = r % tq;
     let scale = bitcast<f32>(prm[5]);
     var last = tk;
     if (prm[4] != 0u) { last = min(tk, i + 1u); }
     var acc: array<f32, 128>;
-    for (var c = 0u; c < d; c = c + 1u) { acc[c] = 0.0; }
+    for (var c = 0u; c < dv; c = c + 1u) { acc[c] = 0.0; }
     var m = bitcast<f32>(0xff800000u);
     var l = 0.0;
     let qo = r * d;
@@ -41,10 +41,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let corr = exp(m - m2);
         let p = exp(score - m2);
         l = l * corr + p;
-        for (var c = 0u; c < d; c = c + 1u) { acc[c] = acc[c] * corr + p * v[ko + c]; }
+        let vo = (s * tk + j) * dv;
+        for (var c = 0u; c < dv; c = c + 1u) { acc[c] = acc[c] * corr + p * v[vo + c]; }
         m = m2;
     }
-    for (var c = 0u; c < d; c = c + 1u) { out[qo + c] = acc[c] / l; }
+    for (var c = 0u; c < dv; c = c + 1u) { out[r * dv + c] = acc[c] / l; }
 }
 "#;
 
@@ -167,12 +168,16 @@ pub struct AttentionShape {
     pub queries: usize,
     pub keys: usize,
     pub head: usize,
+    /// The width of v and of the output.
+    pub value_head: usize,
     pub causal: bool,
 }
 
 impl AttentionShape {
     fn meta(&self) -> Result<Vec<u32>> {
-        if self.head > ATTENTION_MAX_HEAD || (self.causal && self.queries != self.keys) {
+        if self.head.max(self.value_head) > ATTENTION_MAX_HEAD
+            || (self.causal && self.queries != self.keys)
+        {
             return Err(GpuError::Call(format!(
                 "device attention takes heads up to {ATTENTION_MAX_HEAD} (and Tq == Tk when causal), found {self:?}"
             )));
@@ -188,6 +193,7 @@ impl AttentionShape {
             "attention size",
         )?;
         meta.push((1.0 / (self.head as f32).sqrt()).to_bits());
+        meta.push(words(&[self.value_head], "attention size")?[0]);
         Ok(meta)
     }
 }
@@ -224,7 +230,7 @@ impl WgpuDevice {
         if rows == 0 {
             return Ok(());
         }
-        if shape.queries != shape.keys {
+        if shape.queries != shape.keys || shape.value_head != shape.head {
             return Err(GpuError::Call(format!(
                 "device attention gradients take q, k and v of one shape, found {shape:?}"
             )));

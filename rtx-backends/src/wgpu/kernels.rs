@@ -815,3 +815,65 @@ impl WgpuDevice {
         self.run("rtx_pool2d", POOL2D, &meta, &[a, b, out], groups)
     }
 }
+
+/// The gradient of a max reduction: `out[i] = g[kept(i)]` where `i` is its group's first
+/// maximum (`firsts`, the positions [`Reduce::ArgMax`] gives over the same axes), else 0;
+/// `out` contiguous in x's shape. Meta: `[n, rank, shape.., reduced flags..]`; `g` is
+/// contiguous over the kept axes.
+const SCATTER_FIRST: &str = r#"
+@group(0) @binding(0) var<storage, read> prm: array<u32>;
+@group(0) @binding(1) var<storage, read> g: array<f32>;
+@group(0) @binding(2) var<storage, read> firsts: array<u32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = gid.x + gid.y * groups.x * 256u;
+    if (i >= prm[0]) { return; }
+    let rank = prm[1];
+    var rest = i;
+    var kept = 0u; var kept_scale = 1u;
+    var red = 0u; var red_scale = 1u;
+    for (var d = rank; d > 0u; d = d - 1u) {
+        let size = prm[1u + d];
+        let c = rest % size;
+        rest = rest / size;
+        if (prm[1u + rank + d] != 0u) {
+            red = red + c * red_scale; red_scale = red_scale * size;
+        } else {
+            kept = kept + c * kept_scale; kept_scale = kept_scale * size;
+        }
+    }
+    out[i] = select(0.0, g[kept], firsts[kept] == red);
+}
+"#;
+
+impl WgpuDevice {
+    /// The gradient of a max over the axes marked in `reduced` of a contiguous `shape`: `g`
+    /// (contiguous, kept axes) routed to each group's first maximum, whose position within
+    /// the group `firsts` holds.
+    pub fn scatter_first(
+        &self,
+        shape: &[usize],
+        reduced: &[bool],
+        g: &GpuBuffer,
+        firsts: &GpuBuffer,
+        out: &GpuBuffer,
+    ) -> Result<()> {
+        let n: usize = shape.iter().product();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut meta = words(&[n, shape.len()], "max gradient size")?;
+        meta.extend(words(shape, "max gradient size")?);
+        meta.extend(reduced.iter().map(|&r| u32::from(r)));
+        let groups = grid(n, 256, self.limits.max_compute_workgroups_per_dimension)?;
+        self.run(
+            "rtx_scatter_first",
+            SCATTER_FIRST,
+            &meta,
+            &[g, firsts, out],
+            groups,
+        )
+    }
+}

@@ -249,16 +249,17 @@ fn check_indices(idx: &[i64], limit: usize) -> Result<()> {
 }
 
 /// Whether the device attention kernels take these operands: heads up to
-/// `ATTENTION_MAX_HEAD`, v as wide as q, and for the gradient (or a causal mask) as many keys
-/// as queries. Others run on the CPU.
-fn attention_fits(q: &Tensor, k: &Tensor, v: &Tensor, same_length: bool) -> bool {
+/// `ATTENTION_MAX_HEAD`, equal batch axes, and for the gradient q, k and v of one shape (a
+/// causal mask's Tq == Tk the shape rule checked). Others run on the CPU.
+fn attention_fits(q: &Tensor, k: &Tensor, v: &Tensor, gradient: bool) -> bool {
     let r = q.rank();
     r >= 2
         && k.rank() == r
-        && v.shape() == k.shape()
+        && v.rank() == r
+        && k.shape()[..r - 1] == v.shape()[..r - 1]
         && q.shape()[r - 1] <= ATTENTION_MAX_HEAD
-        && v.shape()[r - 1] == q.shape()[r - 1]
-        && (!same_length || q.shape() == k.shape())
+        && v.shape()[r - 1] <= ATTENTION_MAX_HEAD
+        && (!gradient || (q.shape() == k.shape() && v.shape() == k.shape()))
         && q.shape()[..r - 2] == k.shape()[..r - 2]
 }
 
@@ -395,12 +396,7 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
             out
         }
         Op::Attention { causal } | Op::AttentionGrad { causal }
-            if attention_fits(
-                a(0)?,
-                a(1)?,
-                a(2)?,
-                *causal || matches!(op, Op::AttentionGrad { .. }),
-            ) =>
+            if attention_fits(a(0)?, a(1)?, a(2)?, matches!(op, Op::AttentionGrad { .. })) =>
         {
             let (q, k, v) = (contiguous(a(0)?)?, contiguous(a(1)?)?, contiguous(a(2)?)?);
             let r = q.rank();
@@ -409,6 +405,7 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
                 queries: q.shape()[r - 2],
                 keys: k.shape()[r - 2],
                 head: q.shape()[r - 1],
+                value_head: v.shape()[r - 1],
                 causal: *causal,
             };
             let device = Arc::clone(&gpu(&q)?.device);
@@ -420,6 +417,27 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
                 let g = contiguous(a(3)?)?;
                 device.attention_grad(shape, [bq, bk, bv, &gpu(&g)?.buffer], &gpu(&out)?.buffer)?;
             }
+            out
+        }
+        Op::MaxGrad { axes, .. } => {
+            let (x, g) = (a(0)?, contiguous(a(1)?)?);
+            let mut reduced = vec![false; x.rank()];
+            for &ax in axes {
+                if let Some(r) = reduced.get_mut(ax) {
+                    *r = true;
+                }
+            }
+            let device = Arc::clone(&gpu(x)?.device);
+            let firsts = device.zeros(g.numel())?;
+            device.reduce(&view(x)?, &reduced, Reduce::ArgMax, &firsts)?;
+            let out = fresh(&device, out_shape)?;
+            device.scatter_first(
+                out_shape,
+                &reduced,
+                &gpu(&g)?.buffer,
+                &firsts,
+                &gpu(&out)?.buffer,
+            )?;
             out
         }
         Op::ArgMax { axis } => {
