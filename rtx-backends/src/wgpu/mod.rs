@@ -17,11 +17,13 @@ mod attention;
 mod kernels;
 mod optim;
 mod pool;
+mod window;
 
 pub use crate::gpu_error::{GpuError, Result};
 pub use attention::{ATTENTION_MAX_HEAD, AttentionShape};
-pub use kernels::{ConvPass, ConvShape, GpuView, PoolPass, Reduce};
+pub use kernels::{GpuView, Reduce};
 pub use optim::UpdateRule;
+pub use window::{ConvPass, ConvShape, PoolPass};
 
 /// One wgpu device and its queue, with the pipelines compiled on it.
 pub struct WgpuDevice {
