@@ -17,6 +17,7 @@ mod attention;
 mod kernels;
 mod optim;
 mod pool;
+mod top_k;
 mod window;
 
 pub use crate::gpu_error::{GpuError, Result};

@@ -12,6 +12,8 @@ mod exec;
 #[cfg(feature = "wgpu")]
 mod gemm;
 #[cfg(feature = "wgpu")]
+mod nn;
+#[cfg(feature = "wgpu")]
 mod ops;
 
 #[cfg(feature = "wgpu")]
