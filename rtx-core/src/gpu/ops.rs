@@ -234,22 +234,12 @@ fn host_indices(t: &Tensor) -> Result<Vec<i64>> {
     download(t)?.to_vec_i64()
 }
 
-fn check_indices(idx: &[i64], limit: usize) -> Result<()> {
-    match idx.iter().position(|&v| v < 0 || v as usize >= limit) {
-        Some(i) => Err(RtxError::IndexOutOfRange {
-            context: "class labels (cross_entropy) / pick indices".into(),
-            index: i,
-            value: idx[i],
-            limit,
-        }),
-        None => Ok(()),
-    }
-}
-
-fn check_ids(ids: &[i64], limit: usize) -> Result<()> {
+/// The CPU kernels' index check: every index in `0..limit`, or the error naming `context`
+/// (the same words `RtxError::from(KernelError::Index)` uses).
+fn check_range(ids: &[i64], limit: usize, context: &str) -> Result<()> {
     match ids.iter().position(|&v| v < 0 || v as usize >= limit) {
         Some(i) => Err(RtxError::IndexOutOfRange {
-            context: "embedding ids".into(),
+            context: context.into(),
             index: i,
             value: ids[i],
             limit,
@@ -257,6 +247,9 @@ fn check_ids(ids: &[i64], limit: usize) -> Result<()> {
         None => Ok(()),
     }
 }
+
+const PICK_INDICES: &str = "class labels (cross_entropy) / pick indices";
+const EMBEDDING_IDS: &str = "embedding ids";
 
 /// `t`'s buffer under another layout (a region of it).
 fn layout_view<'a>(t: &'a Tensor, l: &Layout) -> Result<GpuView<'a>> {
@@ -347,38 +340,28 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
             let mut out = pointwise(&body, &[&g], &[1], out_shape, None, ctx)?;
             out.pop().ok_or_else(|| RtxError::Gpu("no output".into()))?
         }
-        Op::Pick => {
-            let (x, idx) = (contiguous(a(0)?)?, a(1)?);
-            let cols = x.shape().last().copied().unwrap_or(1);
-            let rows = x.numel() / cols.max(1);
-            check_indices(&host_indices(idx)?, cols)?;
+        Op::Pick | Op::PickGrad => {
+            // Pick reads x [rows, cols] and writes [rows]; its gradient reads g [rows] and
+            // writes [rows, cols].
+            let (values, idx) = (contiguous(a(0)?)?, a(1)?);
+            let grad = matches!(op, Op::PickGrad);
+            let wide = if grad { out_shape } else { values.shape() };
+            let cols = wide.last().copied().unwrap_or(1);
+            let rows = wide.iter().product::<usize>() / cols.max(1);
+            check_range(&host_indices(idx)?, cols, PICK_INDICES)?;
             let idx = contiguous(idx)?;
-            let device = Arc::clone(&gpu(&x)?.device);
+            let device = Arc::clone(&gpu(&values)?.device);
             let out = fresh(&device, out_shape)?;
-            device.pick(
-                &gpu(&x)?.buffer,
+            let (v, i, o) = (
+                &gpu(&values)?.buffer,
                 &gpu(&idx)?.buffer,
-                rows,
-                cols,
                 &gpu(&out)?.buffer,
-            )?;
-            out
-        }
-        Op::PickGrad => {
-            let (g, idx) = (contiguous(a(0)?)?, a(1)?);
-            let cols = out_shape.last().copied().unwrap_or(1);
-            let rows = g.numel();
-            check_indices(&host_indices(idx)?, cols)?;
-            let idx = contiguous(idx)?;
-            let device = Arc::clone(&gpu(&g)?.device);
-            let out = fresh(&device, out_shape)?;
-            device.pick_grad(
-                &gpu(&g)?.buffer,
-                &gpu(&idx)?.buffer,
-                rows,
-                cols,
-                &gpu(&out)?.buffer,
-            )?;
+            );
+            if grad {
+                device.pick_grad(v, i, rows, cols, o)?;
+            } else {
+                device.pick(v, i, rows, cols, o)?;
+            }
             out
         }
         Op::MaxGrad { axes, .. } => {
@@ -411,21 +394,13 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
             let device = Arc::clone(&gpu(x)?.device);
             let words = device.zeros(out_shape.iter().product())?;
             device.reduce(&view(x)?, &reduced, Reduce::ArgMax, &words)?;
-            Tensor::from_parts(
-                Storage::Wgpu(GpuStorage {
-                    device,
-                    buffer: words,
-                    dtype: DType::I64,
-                    host_i64: None,
-                }),
-                Layout::contiguous(out_shape),
-            )
+            super::nn::indices(device, words, out_shape)
         }
         Op::Embedding => {
             let (w, ids) = (a(0)?, a(1)?);
             let vocab = w.shape().first().copied().unwrap_or(0);
             let host = host_indices(ids)?;
-            check_ids(&host, vocab)?;
+            check_range(&host, vocab, EMBEDDING_IDS)?;
             let ids = contiguous(ids)?;
             let device = Arc::clone(&gpu(w)?.device);
             let out = fresh(&device, out_shape)?;
@@ -443,7 +418,7 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
             let (g, ids) = (contiguous(a(0)?)?, a(1)?);
             let (vocab, cols) = (out_shape[0], out_shape.get(1).copied().unwrap_or(1));
             let host = host_indices(ids)?;
-            check_ids(&host, vocab)?;
+            check_range(&host, vocab, EMBEDDING_IDS)?;
             let mut starts = vec![0u32; vocab + 1];
             for &id in &host {
                 starts[id as usize + 1] += 1;
