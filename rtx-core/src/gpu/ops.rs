@@ -13,7 +13,7 @@ use rtx_backends::wgpu::{GpuView, Reduce, WgpuDevice};
 use rtx_ir::emit::{KernelSource, Meta, POINTWISE_GROUP, Target, fused_kernel};
 use rtx_ir::fusion::{Instr, Operand, Pointwise, Step};
 use rtx_ir::{NodeId, Op};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 static FALLBACKS: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
@@ -169,15 +169,8 @@ pub(crate) fn pointwise(
     let kernel = match kernel {
         Some(k) => k,
         None => {
-            let step = Step::Fused {
-                shape_of: 0,
-                inputs: (0..inputs.len()).collect(),
-                body: body.to_vec(),
-                outputs: outputs.to_vec(),
-            };
-            emitted = fused_kernel(&step, "rtx_group", Target::Wgsl)
-                .ok_or_else(|| RtxError::Gpu("no kernel for a pointwise group".into()))?;
-            &emitted
+            emitted = group_kernel(body, inputs.len(), outputs)?;
+            &*emitted
         }
     };
     let outs: Vec<Tensor> = outputs
@@ -202,6 +195,31 @@ pub(crate) fn pointwise(
         POINTWISE_GROUP,
     )?;
     Ok(outs)
+}
+
+/// The emitted kernel of a group made here rather than by a plan (copies, broadcasts, eager
+/// pointwise ops), emitted once per distinct body: copies run on every non-contiguous read.
+fn group_kernel(body: &[Instr], inputs: usize, outputs: &[NodeId]) -> Result<Arc<KernelSource>> {
+    type Emitted = Mutex<HashMap<(String, usize, Vec<NodeId>), Arc<KernelSource>>>;
+    static EMITTED: std::sync::LazyLock<Emitted> = std::sync::LazyLock::new(Default::default);
+    let key = (format!("{body:?}"), inputs, outputs.to_vec());
+    if let Some(k) = EMITTED.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return Ok(k);
+    }
+    let step = Step::Fused {
+        shape_of: 0,
+        inputs: (0..inputs).collect(),
+        body: body.to_vec(),
+        outputs: outputs.to_vec(),
+    };
+    let k = Arc::new(
+        fused_kernel(&step, "rtx_group", Target::Wgsl)
+            .ok_or_else(|| RtxError::Gpu("no kernel for a pointwise group".into()))?,
+    );
+    if let Ok(mut m) = EMITTED.lock() {
+        m.insert(key, Arc::clone(&k));
+    }
+    Ok(k)
 }
 
 pub(crate) fn as_kernel(k: &KernelSource) -> rtx_backends::wgpu::Kernel<'_> {
