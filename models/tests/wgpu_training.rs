@@ -43,6 +43,43 @@ fn misfit(a: &Tensor, b: &Tensor, tol_rel: f32) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// `loss_and_grads` of the same model on the CPU and (moved) on `dev`, with one seed (so one
+/// dropout mask): the losses agree within `loss_tol` relative, every gradient is on the
+/// device and within `grad_tol` (see [`misfit`]), and no op ran on the CPU. Returns the loss
+/// and the worst gradient's misfit with its name.
+fn assert_same_loss_and_grads<M: Model>(
+    cpu: &M,
+    gpu: &M,
+    dev: &Device,
+    (x, y): (&Tensor, &Tensor),
+    (loss_tol, grad_tol): (f32, f32),
+) -> (f32, (f32, String)) {
+    let (loss, grads) = cpu.loss_and_grads(&mut Ctx::train(9), x, y).unwrap();
+    let (xd, yd) = (x.to(dev).unwrap(), y.to(dev).unwrap());
+    let (gloss, ggrads) = gpu.loss_and_grads(&mut Ctx::train(9), &xd, &yd).unwrap();
+    let (l, gl) = (loss.item().unwrap(), gloss.item().unwrap());
+    assert!((l - gl).abs() < loss_tol * l.abs(), "loss {gl} vs {l}");
+    let mut worst = (0.0f32, String::new());
+    let mut count = 0;
+    for (name, want) in grads.iter() {
+        let got = ggrads.get(name).unwrap();
+        assert_eq!(got.device(), *dev, "{name}");
+        let m = misfit(got, want, grad_tol);
+        assert!(m < 1.0, "{name}: {m} of the tolerance");
+        if m > worst.0 {
+            worst = (m, name.to_string());
+        }
+        count += 1;
+    }
+    assert_eq!(count, cpu.named_params().len(), "a gradient per parameter");
+    let moved_to_cpu = rtx_core::gpu::cpu_fallbacks();
+    assert!(
+        moved_to_cpu.is_empty(),
+        "ops run on the CPU: {moved_to_cpu:?}"
+    );
+    (gl, worst)
+}
+
 #[test]
 fn the_mlp_forward_pass_on_wgpu_matches_the_cpu() {
     let Some(dev) = device("the_mlp_forward_pass_on_wgpu_matches_the_cpu") else {
@@ -71,29 +108,7 @@ fn the_mlp_loss_and_gradients_on_wgpu_match_the_cpu_with_dropout_on() {
     let mut gpu = Mlp::init(5);
     gpu.to(&dev).unwrap();
     let (x, y) = (random(&[50, 64], &mut rng), labels(50, 10, &mut rng));
-    // The same seed draws the same dropout masks on both.
-    let (loss, grads) = cpu.loss_and_grads(&mut Ctx::train(9), &x, &y).unwrap();
-    let (gloss, ggrads) = gpu
-        .loss_and_grads(
-            &mut Ctx::train(9),
-            &x.to(&dev).unwrap(),
-            &y.to(&dev).unwrap(),
-        )
-        .unwrap();
-    let (l, gl) = (loss.item().unwrap(), gloss.item().unwrap());
-    assert!((l - gl).abs() < 1e-5 * l.abs(), "loss {gl} vs {l}");
-    let names = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"];
-    for name in names {
-        let (want, got) = (grads.get(name).unwrap(), ggrads.get(name).unwrap());
-        assert_eq!(got.device(), dev, "{name}");
-        let m = misfit(got, want, 1e-4);
-        assert!(m < 1.0, "{name}: {m} of the tolerance");
-    }
-    let moved_to_cpu = rtx_core::gpu::cpu_fallbacks();
-    assert!(
-        moved_to_cpu.is_empty(),
-        "ops run on the CPU: {moved_to_cpu:?}"
-    );
+    assert_same_loss_and_grads(&cpu, &gpu, &dev, (&x, &y), (1e-5, 1e-4));
 }
 
 #[test]
@@ -217,34 +232,9 @@ fn the_gpt_loss_and_gradients_on_wgpu_match_the_cpu() {
         Tensor::from_i64(v, &[2, 12]).unwrap()
     };
     let (x, y) = (tokens(&mut rng), tokens(&mut rng));
-    let (loss, grads) = cpu.loss_and_grads(&mut Ctx::train(4), &x, &y).unwrap();
-    let (gloss, ggrads) = gpu
-        .loss_and_grads(
-            &mut Ctx::train(4),
-            &x.to(&dev).unwrap(),
-            &y.to(&dev).unwrap(),
-        )
-        .unwrap();
-    let (l, gl) = (loss.item().unwrap(), gloss.item().unwrap());
-    assert!((l - gl).abs() < 1e-4 * l.abs(), "loss {gl} vs {l}");
-    let mut worst = (0.0f32, String::new());
-    for (name, want) in cpu.named_params() {
-        let got = ggrads.get(&name).unwrap();
-        assert_eq!(got.device(), dev, "{name}");
-        let m = misfit(got, grads.get(&name).unwrap(), 1e-3);
-        if m > worst.0 {
-            worst = (m, name.clone());
-        }
-        assert!(m < 1.0, "{name}: {m} of the tolerance");
-        let _ = want;
-    }
-    let moved_to_cpu = rtx_core::gpu::cpu_fallbacks();
-    assert!(
-        moved_to_cpu.is_empty(),
-        "ops run on the CPU: {moved_to_cpu:?}"
-    );
+    let (loss, worst) = assert_same_loss_and_grads(&cpu, &gpu, &dev, (&x, &y), (1e-4, 1e-3));
     eprintln!(
-        "gpt on wgpu: loss {gl} (cpu {l}); worst gradient {} at {:.3} of the tolerance",
+        "gpt on wgpu: loss {loss}; worst gradient {} at {:.3} of the tolerance",
         worst.1, worst.0
     );
 }
@@ -287,22 +277,7 @@ fn the_cnn_loss_and_gradients_on_wgpu_match_the_cpu() {
     let mut gpu = Cnn::init(6);
     gpu.to(&dev).unwrap();
     let (x, y) = (random(&[6, 1, 8, 8], &mut rng), labels(6, 10, &mut rng));
-    let (loss, grads) = cpu.loss_and_grads(&mut Ctx::train(5), &x, &y).unwrap();
-    let (xd, yd) = (x.to(&dev).unwrap(), y.to(&dev).unwrap());
-    let (gloss, ggrads) = gpu.loss_and_grads(&mut Ctx::train(5), &xd, &yd).unwrap();
-    let (l, gl) = (loss.item().unwrap(), gloss.item().unwrap());
-    assert!((l - gl).abs() < 1e-5 * l.abs(), "loss {gl} vs {l}");
-    for (name, want) in grads.iter() {
-        let got = ggrads.get(name).unwrap();
-        assert_eq!(got.device(), dev, "{name}");
-        let m = misfit(got, want, 1e-4);
-        assert!(m < 1.0, "{name}: {m} of the tolerance");
-    }
-    let moved_to_cpu = rtx_core::gpu::cpu_fallbacks();
-    assert!(
-        moved_to_cpu.is_empty(),
-        "ops run on the CPU: {moved_to_cpu:?}"
-    );
+    assert_same_loss_and_grads(&cpu, &gpu, &dev, (&x, &y), (1e-5, 1e-4));
 }
 
 #[test]
