@@ -123,3 +123,50 @@ fn a_dropped_buffer_is_reused_and_zeros_from_the_cache_are_zero() {
     );
     assert!(dev.read_f32(&zeros).unwrap().iter().all(|&v| v == 0.0));
 }
+
+#[test]
+fn a_buffer_dropped_while_a_recorded_dispatch_reads_it_is_not_reused_before_submission() {
+    let Some(d) = device(
+        "a_buffer_dropped_while_a_recorded_dispatch_reads_it_is_not_reused_before_submission",
+    ) else {
+        return;
+    };
+    let (x, y) = (random(500, 4), random(500, 5));
+    let (bx, by) = (d.upload_f32(&x).unwrap(), d.upload_f32(&y).unwrap());
+    let k = Kernel {
+        name: "axpy",
+        source: AXPY,
+        entry: "main",
+    };
+    d.run_pointwise(&k, &[500], &[&bx], &[&by], 500, 64)
+        .unwrap();
+    // Recorded, not submitted: a buffer of x's class handed out now would be written (by
+    // the queue, before the recorded dispatch runs) with other values.
+    drop(bx);
+    let other = d.upload_f32(&random(500, 6)).unwrap();
+    let got = d.read_f32(&by).unwrap();
+    for i in 0..500 {
+        assert_eq!(got[i], 2.0 * x[i] + y[i], "element {i}");
+    }
+    drop(other);
+}
+
+#[test]
+fn a_dispatch_wgpu_rejects_is_an_error_naming_the_kernel() {
+    let Some(d) = device("a_dispatch_wgpu_rejects_is_an_error_naming_the_kernel") else {
+        return;
+    };
+    let k = Kernel {
+        name: "axpy",
+        source: AXPY,
+        entry: "main",
+    };
+    let x = d.upload_f32(&random(64, 7)).unwrap();
+    // Two of the kernel's three bindings.
+    match d.dispatch(&k, &[&x, &x], [1, 1, 1]) {
+        Err(GpuError::Call(message)) => assert!(message.contains("axpy"), "{message}"),
+        other => panic!("expected a call error, got {other:?}"),
+    }
+    // The device still works afterwards.
+    assert_eq!(d.read_f32(&x).unwrap(), random(64, 7));
+}

@@ -4,8 +4,14 @@
 //!
 //! Like the CPU module it knows no IR: it takes kernel sources (emitted by
 //! `rtx_ir::emit` from the fusion plan), buffers and the run-time meta words, and runs them.
-//! Pipelines are compiled on first use and cached per device by source hash. Every wgpu
-//! call that can fail validation or run out of memory runs inside error scopes, so a bad
+//! Pipelines are compiled on first use and cached per device by source hash.
+//!
+//! Dispatches are recorded into one command encoder and submitted together (every
+//! `MAX_RECORDED` dispatches, before a read-back, or on [`WgpuDevice::submit`]): one
+//! submission per dispatch, each waiting on its own error scopes, cost more than llvmpipe's
+//! small kernels and would cost a real GPU its launch rate. Allocations, pipeline builds and
+//! submissions run inside error scopes, and errors raised elsewhere (a recorded dispatch
+//! wgpu rejects) are caught by the device's handler and returned by the next call, so a bad
 //! kernel or a too-large buffer is a [`GpuError`], never wgpu's default panic.
 
 use std::collections::HashMap;
@@ -26,6 +32,13 @@ pub use kernels::{GpuView, Reduce};
 pub use optim::UpdateRule;
 pub use window::{ConvPass, ConvShape, PoolPass};
 
+/// Dispatches recorded before a submission: enough to keep a GPU fed while the host
+/// records the next ones, few enough that the buffers they hold back stay bounded.
+const MAX_RECORDED: usize = 64;
+
+/// Bytes of dropped buffers held back for recorded commands past which they are submitted.
+const MAX_HELD_BYTES: u64 = 256 << 20;
+
 /// One wgpu device and its queue, with the pipelines compiled on it.
 pub struct WgpuDevice {
     device: ::wgpu::Device,
@@ -34,6 +47,16 @@ pub struct WgpuDevice {
     limits: ::wgpu::Limits,
     pipelines: Mutex<HashMap<u64, Arc<::wgpu::ComputePipeline>>>,
     pool: pool::Pool,
+    batch: Mutex<Batch>,
+    /// The first error wgpu raised outside an error scope, until a call returns it.
+    uncaught: Arc<Mutex<Option<String>>>,
+}
+
+/// Commands recorded and not yet submitted.
+#[derive(Default)]
+struct Batch {
+    encoder: Option<::wgpu::CommandEncoder>,
+    recorded: usize,
 }
 
 /// A buffer on a [`WgpuDevice`]: `len` 32-bit values (f32 or u32). On drop it goes back to
@@ -97,6 +120,15 @@ impl WgpuDevice {
                 adapter: info.name.clone(),
                 message: e.to_string(),
             })?;
+        let uncaught: Arc<Mutex<Option<String>>> = Arc::default();
+        let slot = Arc::clone(&uncaught);
+        device.on_uncaptured_error(Arc::new(move |e: ::wgpu::Error| {
+            if let Ok(mut slot) = slot.lock()
+                && slot.is_none()
+            {
+                *slot = Some(e.to_string());
+            }
+        }));
         Ok(WgpuDevice {
             device,
             queue,
@@ -104,7 +136,61 @@ impl WgpuDevice {
             limits,
             pipelines: Mutex::new(HashMap::new()),
             pool: pool::Pool::default(),
+            batch: Mutex::new(Batch::default()),
+            uncaught,
         })
+    }
+
+    /// The error wgpu raised outside a scope since the last call that returned one.
+    fn uncaught(&self) -> Result<()> {
+        match self.uncaught.lock().ok().and_then(|mut e| e.take()) {
+            Some(message) => Err(GpuError::Call(message)),
+            None => Ok(()),
+        }
+    }
+
+    /// Records commands into the open batch (opening one), and submits the batch once it
+    /// holds `MAX_RECORDED` dispatches or holds back `MAX_HELD_BYTES` of dropped buffers.
+    fn record(&self, f: impl FnOnce(&mut ::wgpu::CommandEncoder)) -> Result<()> {
+        let mut batch = self.lock_batch()?;
+        let encoder = batch.encoder.get_or_insert_with(|| {
+            self.pool.hold();
+            self.device.create_command_encoder(&Default::default())
+        });
+        f(encoder);
+        batch.recorded += 1;
+        if batch.recorded >= MAX_RECORDED || self.pool.held_bytes() >= MAX_HELD_BYTES {
+            self.submit_locked(&mut batch)?;
+        }
+        drop(batch);
+        self.uncaught()
+    }
+
+    fn lock_batch(&self) -> Result<std::sync::MutexGuard<'_, Batch>> {
+        self.batch
+            .lock()
+            .map_err(|_| GpuError::Call("a thread panicked while recording commands".into()))
+    }
+
+    fn submit_locked(&self, batch: &mut Batch) -> Result<()> {
+        batch.recorded = 0;
+        let Some(encoder) = batch.encoder.take() else {
+            return Ok(());
+        };
+        let submitted = self.scoped(0, || {
+            self.queue.submit([encoder.finish()]);
+        });
+        // Submitted (or rejected, and then never run): held buffers may be reused.
+        self.pool.release();
+        submitted
+    }
+
+    /// Submits every recorded command; later read-backs and uploads are ordered after them.
+    pub fn submit(&self) -> Result<()> {
+        let mut batch = self.lock_batch()?;
+        self.submit_locked(&mut batch)?;
+        drop(batch);
+        self.uncaught()
     }
 
     /// The adapter's name and backend, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)`.
@@ -209,9 +295,7 @@ impl WgpuDevice {
             requested: u64::MAX,
         })?;
         let buf = self.allocate(bytes, len)?;
-        let mut encoder = self.device.create_command_encoder(&Default::default());
-        encoder.clear_buffer(&buf.buffer, 0, None);
-        self.queue.submit([encoder.finish()]);
+        self.record(|encoder| encoder.clear_buffer(&buf.buffer, 0, None))?;
         Ok(buf)
     }
 
@@ -234,9 +318,8 @@ impl WgpuDevice {
                 mapped_at_creation: false,
             })
         })?;
-        let mut encoder = self.device.create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(&buf.buffer, 0, &staging, 0, bytes);
-        self.queue.submit([encoder.finish()]);
+        self.record(|encoder| encoder.copy_buffer_to_buffer(&buf.buffer, 0, &staging, 0, bytes))?;
+        self.submit()?;
         let (tx, rx) = mpsc::channel();
         staging.map_async(::wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
@@ -314,34 +397,35 @@ impl WgpuDevice {
         groups: [u32; 3],
     ) -> Result<()> {
         let pipeline = self.pipeline(kernel)?;
-        self.scoped(0, || {
-            let layout = pipeline.get_bind_group_layout(0);
-            let entries: Vec<::wgpu::BindGroupEntry> = buffers
-                .iter()
-                .enumerate()
-                .map(|(i, b)| ::wgpu::BindGroupEntry {
-                    binding: i as u32,
-                    resource: b.buffer.as_entire_binding(),
+        let layout = pipeline.get_bind_group_layout(0);
+        let entries: Vec<::wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| ::wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.buffer.as_entire_binding(),
+            })
+            .collect();
+        let bind = self.device.create_bind_group(&::wgpu::BindGroupDescriptor {
+            label: Some(kernel.name),
+            layout: &layout,
+            entries: &entries,
+        });
+        // wgpu validates a bind group as it is made: a rejected one never reaches the batch,
+        // where it would make the whole encoder invalid and lose the work recorded with it.
+        self.uncaught()
+            .and_then(|()| {
+                self.record(|encoder| {
+                    let mut pass = encoder.begin_compute_pass(&Default::default());
+                    pass.set_pipeline(&pipeline);
+                    pass.set_bind_group(0, &bind, &[]);
+                    pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                 })
-                .collect();
-            let bind = self.device.create_bind_group(&::wgpu::BindGroupDescriptor {
-                label: Some(kernel.name),
-                layout: &layout,
-                entries: &entries,
-            });
-            let mut encoder = self.device.create_command_encoder(&Default::default());
-            {
-                let mut pass = encoder.begin_compute_pass(&Default::default());
-                pass.set_pipeline(&pipeline);
-                pass.set_bind_group(0, &bind, &[]);
-                pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-            }
-            self.queue.submit([encoder.finish()]);
-        })
-        .map_err(|e| match e {
-            GpuError::Call(message) => GpuError::Call(format!("`{}`: {message}", kernel.name)),
-            other => other,
-        })
+            })
+            .map_err(|e| match e {
+                GpuError::Call(message) => GpuError::Call(format!("`{}`: {message}", kernel.name)),
+                other => other,
+            })
     }
 
     /// Runs a fused pointwise kernel of `rtx_ir::emit` (its buffer order: meta, inputs,

@@ -24,6 +24,11 @@ pub(crate) fn class_of(bytes: u64) -> u64 {
 struct FreeLists {
     by_class: HashMap<u64, Vec<::wgpu::Buffer>>,
     bytes: u64,
+    /// While commands are recorded but not submitted, buffers dropped meanwhile wait here:
+    /// a recorded dispatch may still read one, and a buffer handed out again would be
+    /// overwritten by `write_buffer`, which the queue runs before the recorded commands.
+    held: Option<Vec<(u64, ::wgpu::Buffer)>>,
+    held_bytes: u64,
 }
 
 /// The free lists of one device, shared by its buffers (which give themselves back).
@@ -40,17 +45,56 @@ impl Pool {
     }
 
     pub(crate) fn give_back(&self, class: u64, buffer: ::wgpu::Buffer) {
-        if let Ok(mut lists) = self.0.lock()
-            && lists.bytes + class <= CAP_BYTES
-        {
-            lists.bytes += class;
-            lists.by_class.entry(class).or_default().push(buffer);
+        if let Ok(mut lists) = self.0.lock() {
+            let lists = &mut *lists;
+            match lists.held.as_mut() {
+                Some(held) => {
+                    held.push((class, buffer));
+                    lists.held_bytes += class;
+                }
+                None => lists.keep(class, buffer),
+            }
         }
+    }
+
+    /// From now until [`Pool::release`], dropped buffers are held back from reuse.
+    pub(crate) fn hold(&self) {
+        if let Ok(mut lists) = self.0.lock()
+            && lists.held.is_none()
+        {
+            lists.held = Some(Vec::new());
+        }
+    }
+
+    /// The recorded commands are submitted: buffers held back become reusable.
+    pub(crate) fn release(&self) {
+        if let Ok(mut lists) = self.0.lock() {
+            let lists = &mut *lists;
+            for (class, buffer) in lists.held.take().unwrap_or_default() {
+                lists.keep(class, buffer);
+            }
+            lists.held_bytes = 0;
+        }
+    }
+
+    /// Bytes of dropped buffers held back until the recorded commands are submitted.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.0.lock().map(|l| l.held_bytes).unwrap_or(0)
     }
 
     /// Bytes waiting in the free lists.
     pub(crate) fn cached_bytes(&self) -> u64 {
         self.0.lock().map(|l| l.bytes).unwrap_or(0)
+    }
+}
+
+impl FreeLists {
+    /// Puts `buffer` on its free list, or frees it when the lists are full.
+    fn keep(&mut self, class: u64, buffer: ::wgpu::Buffer) {
+        if self.bytes + class <= CAP_BYTES {
+            self.bytes += class;
+            self.by_class.entry(class).or_default().push(buffer);
+        }
     }
 }
 
