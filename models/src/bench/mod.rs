@@ -8,6 +8,8 @@
 //! minimum. Big workloads stop early at a time budget so the whole run stays well under two
 //! minutes; `iters=` says how many timed iterations a figure rests on.
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod kernels;
 mod memory;
 mod steps;
@@ -207,6 +209,16 @@ const GROUPS: &[Group] = &[
     Group {
         names: &["attention"],
         run: attention,
+    },
+    #[cfg(feature = "cuda")]
+    Group {
+        names: &["cuda_gemm"],
+        run: cuda::cuda_gemm,
+    },
+    #[cfg(feature = "cuda")]
+    Group {
+        names: &["cuda_chain", "cuda_copy"],
+        run: cuda::cuda_chain,
     },
 ];
 

@@ -1,17 +1,28 @@
-//! The CUDA backend (cargo feature `cuda`), so far its compiler half: CUDA C kernels emitted
-//! from the fusion plan (`rtx_ir::emit`, `Target::Cuda`) compiled by NVRTC to PTX and to a
-//! cubin for one architecture. NVRTC needs no GPU and no driver, so CI compiles every kernel
-//! of every model for `sm_90` (the H200) on a machine without either.
+//! The CUDA backend (cargo feature `cuda`).
 //!
-//! cudarc loads `libnvrtc` at run time (`dynamic-loading`): building needs no CUDA toolkit,
-//! and a machine without the library gets [`GpuError::MissingLibrary`] from [`compile`].
-//! The pip wheel `nvidia-cuda-nvrtc-cu12` has it; put its `lib` folder on `LD_LIBRARY_PATH`.
+//! - The compiler: CUDA C kernels emitted from the fusion plan (`rtx_ir::emit`,
+//!   `Target::Cuda`) compiled by NVRTC to PTX and to a cubin for one architecture, through a
+//!   persistent disk cache ([`compile_cached`]). NVRTC needs no GPU and no driver, so CI
+//!   compiles every kernel of every model for `sm_90` (the H200) on a machine without either.
+//! - The runtime (`runtime.rs`, [`CudaDevice`]): one device and stream, buffers from the
+//!   driver's caching pool, emitted kernels launched from their cubins, cuBLAS for products
+//!   (f32, and bf16 on the tensor cores). It runs only where a GPU is; without one,
+//!   [`CudaDevice::open`] says what is missing.
+//!
+//! cudarc loads `libnvrtc`, `libcuda` and `libcublas` at run time (`dynamic-loading`):
+//! building needs no CUDA toolkit, and a machine without a library gets
+//! [`GpuError::MissingLibrary`]. The pip wheels `nvidia-cuda-nvrtc-cu12` and
+//! `nvidia-cublas-cu12` have the toolkit libraries; put their `lib` folders on
+//! `LD_LIBRARY_PATH`.
 
 use std::ffi::{CString, c_char};
 
 use cudarc::nvrtc::{result, sys};
 
 pub use crate::gpu_error::{GpuError, Result};
+
+mod runtime;
+pub use runtime::{CudaBuffer, CudaDevice, CudaKernel, GemmShape, cuda_available};
 
 const NVRTC_HELP: &str = "install the wheel `nvidia-cuda-nvrtc-cu12` and put \
      site-packages/nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH";

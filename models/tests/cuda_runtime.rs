@@ -1,0 +1,104 @@
+//! Every fused kernel (pointwise and row groups) of every model, emitted as CUDA C, compiled
+//! for the GPU's own architecture, loaded and run on it on fresh random inputs, and compared
+//! with the CPU's scalar functions element by element (the checks of `kernel_checks/`, the
+//! same as on wgpu). Needs `--features cuda`, a GPU, libcuda, libnvrtc and libcublas; without
+//! them each test says it was skipped, by name (`RTX_REQUIRE_CUDA=1`, as in
+//! `scripts/gpu_check.sh`, makes that a failure).
+#![cfg(feature = "cuda")]
+
+mod kernel_checks;
+
+use kernel_checks::KernelDevice;
+use rtx_backends::cpu::scalar::{HalfType, Rounding};
+use rtx_backends::cuda::{CudaBuffer, CudaDevice, CudaKernel};
+use rtx_core::ir::emit::Target;
+
+fn device(test: &str) -> Option<CudaDevice> {
+    match CudaDevice::open(0) {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("RTX_REQUIRE_CUDA").as_deref() != Ok("1") => {
+            eprintln!("skipped: {test}: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: RTX_REQUIRE_CUDA=1 but {e}"),
+    }
+}
+
+impl KernelDevice for CudaDevice {
+    type Buffer = CudaBuffer<f32>;
+    const TARGET: Target = Target::Cuda;
+
+    fn describe(&self) -> String {
+        CudaDevice::describe(self)
+    }
+
+    fn upload(&self, values: &[f32]) -> Result<CudaBuffer<f32>, String> {
+        CudaDevice::upload(self, values).map_err(|e| e.to_string())
+    }
+
+    fn zeros(&self, len: usize) -> Result<CudaBuffer<f32>, String> {
+        CudaDevice::zeros(self, len).map_err(|e| e.to_string())
+    }
+
+    fn read(&self, buffer: &CudaBuffer<f32>) -> Result<Vec<f32>, String> {
+        CudaDevice::read(self, buffer).map_err(|e| e.to_string())
+    }
+
+    fn run(
+        &self,
+        name: &str,
+        source: &str,
+        entry: &str,
+        meta: &[u32],
+        inputs: &[&CudaBuffer<f32>],
+        outputs: &mut [CudaBuffer<f32>],
+        threads: usize,
+        group: u32,
+    ) -> Result<(), String> {
+        let kernel = CudaKernel {
+            name,
+            source,
+            entry,
+        };
+        let mut outputs: Vec<&mut CudaBuffer<f32>> = outputs.iter_mut().collect();
+        self.run_emitted(&kernel, meta, inputs, &mut outputs, threads, group)
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[test]
+fn every_fused_cuda_kernel_of_every_model_matches_the_cpu_at_f32() {
+    let test = "every_fused_cuda_kernel_of_every_model_matches_the_cpu_at_f32";
+    let Some(d) = device(test) else { return };
+    kernel_checks::fused_kernels_match(&d, test, Rounding::NONE, false);
+}
+
+#[test]
+fn every_rounding_cuda_kernel_of_every_model_rounds_to_bf16_and_f16_bit_for_bit() {
+    let test = "every_rounding_cuda_kernel_of_every_model_rounds_to_bf16_and_f16_bit_for_bit";
+    let Some(d) = device(test) else { return };
+    for to in [HalfType::Bf16, HalfType::F16] {
+        kernel_checks::fused_kernels_match(&d, test, Rounding::new(to, 1024.0), true);
+    }
+}
+
+#[test]
+fn every_pointwise_function_of_the_cuda_prelude_matches_the_cpu() {
+    let test = "every_pointwise_function_of_the_cuda_prelude_matches_the_cpu";
+    let Some(d) = device(test) else { return };
+    kernel_checks::prelude_functions_match(&d);
+}
+
+#[test]
+fn every_row_group_cuda_kernel_of_every_model_matches_the_cpu_at_f32() {
+    let test = "every_row_group_cuda_kernel_of_every_model_matches_the_cpu_at_f32";
+    let Some(d) = device(test) else { return };
+    kernel_checks::row_kernels_match(&d, test);
+}
+
+#[test]
+fn a_cuda_kernel_reads_a_transposed_input_at_an_offset_through_its_strides() {
+    let test = "a_cuda_kernel_reads_a_transposed_input_at_an_offset_through_its_strides";
+    let Some(d) = device(test) else { return };
+    kernel_checks::transposed_input_is_read_through_its_strides(&d);
+}

@@ -1,0 +1,223 @@
+//! The CUDA runtime on the machine's first GPU: buffers, emitted-style kernels, cuBLAS
+//! products against a float64 reference on fresh random inputs, and the errors. Without a
+//! GPU (or libcuda, libcublas, libnvrtc) each test says it was skipped, by name;
+//! `RTX_REQUIRE_CUDA=1` (as in `scripts/gpu_check.sh`) makes that a failure.
+#![cfg(feature = "cuda")]
+
+use rtx_backends::cuda::{CudaDevice, CudaKernel, GemmShape, GpuError};
+
+fn device(test: &str) -> Option<CudaDevice> {
+    match CudaDevice::open(0) {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("RTX_REQUIRE_CUDA").as_deref() != Ok("1") => {
+            eprintln!("skipped: {test}: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: RTX_REQUIRE_CUDA=1 but {e}"),
+    }
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        })
+        .collect()
+}
+
+/// `C[m, n] = A @ B` in f64, reading A as `[k, m]` when `at` and B as `[n, k]` when `bt`.
+fn reference(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, at: bool, bt: bool) -> Vec<f64> {
+    let mut c = vec![0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k)
+                .map(|p| {
+                    let x = if at { a[p * m + i] } else { a[i * k + p] };
+                    let y = if bt { b[j * k + p] } else { b[p * n + j] };
+                    x as f64 * y as f64
+                })
+                .sum();
+        }
+    }
+    c
+}
+
+fn assert_close(got: &[f32], want: &[f64], k: usize, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (e, (&g, &w)) in got.iter().zip(want).enumerate() {
+        // f32 products and sums of k terms of magnitude up to 4.
+        let tol = 1e-5 * (k as f64).sqrt() * 4.0 + 1e-5 * w.abs();
+        assert!(
+            (g as f64 - w).abs() <= tol,
+            "{what}: element {e}: {g} vs {w}"
+        );
+    }
+}
+
+const AXPY: &str = r#"
+extern "C" __global__ void axpy(const unsigned int* params, const float* x, float* y) {
+    const unsigned int i = (blockIdx.y * gridDim.x + blockIdx.x) * 256u + threadIdx.x;
+    if (i >= params[0]) return;
+    y[i] = 2.0f * x[i] + y[i];
+}
+"#;
+
+#[test]
+fn a_buffer_reads_back_the_values_uploaded() {
+    let Some(d) = device("a_buffer_reads_back_the_values_uploaded") else {
+        return;
+    };
+    let data = random(1000, 1);
+    let b = d.upload(&data).unwrap();
+    assert_eq!(d.read(&b).unwrap(), data);
+    let z = d.zeros::<f32>(77).unwrap();
+    assert_eq!(d.read(&z).unwrap(), vec![0.0; 77]);
+    eprintln!("{}", d.describe());
+}
+
+#[test]
+fn a_kernel_runs_over_its_meta_inputs_and_outputs() {
+    let Some(d) = device("a_kernel_runs_over_its_meta_inputs_and_outputs") else {
+        return;
+    };
+    let (x, y) = (random(777, 2), random(777, 3));
+    let bx = d.upload(&x).unwrap();
+    let mut by = d.upload(&y).unwrap();
+    let k = CudaKernel {
+        name: "axpy",
+        source: AXPY,
+        entry: "axpy",
+    };
+    d.run_emitted(&k, &[777], &[&bx], &mut [&mut by], 777, 256)
+        .unwrap();
+    let got = d.read(&by).unwrap();
+    for i in 0..777 {
+        assert_eq!(got[i], 2.0 * x[i] + y[i], "element {i}");
+    }
+}
+
+#[test]
+fn a_kernel_that_does_not_compile_is_an_error_naming_it() {
+    let Some(d) = device("a_kernel_that_does_not_compile_is_an_error_naming_it") else {
+        return;
+    };
+    let k = CudaKernel {
+        name: "broken",
+        source: "extern \"C\" __global__ void broken( {",
+        entry: "broken",
+    };
+    match d.load(&k) {
+        Err(GpuError::Compile { name, .. }) => assert_eq!(name, "broken"),
+        other => panic!("expected a compile error, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn sgemm_matches_the_f64_reference_plain_transposed_and_batched() {
+    let Some(d) = device("sgemm_matches_the_f64_reference_plain_transposed_and_batched") else {
+        return;
+    };
+    let (m, n, k) = (67, 45, 129);
+    for (at, bt) in [(false, false), (true, false), (false, true), (true, true)] {
+        let (a, b) = (random(m * k, 4), random(k * n, 5));
+        let (ba, bb) = (d.upload(&a).unwrap(), d.upload(&b).unwrap());
+        let mut c = d.zeros::<f32>(m * n).unwrap();
+        let shape = GemmShape {
+            a_transposed: at,
+            b_transposed: bt,
+            ..GemmShape::plain(m, n, k)
+        };
+        d.gemm_f32(shape, &ba, &bb, &mut c).unwrap();
+        let want = reference(&a, &b, m, n, k, at, bt);
+        assert_close(&d.read(&c).unwrap(), &want, k, &format!("at={at} bt={bt}"));
+    }
+    // Three products sharing one B (a weight): stride 0.
+    let batches = 3;
+    let (a, b) = (random(batches * m * k, 6), random(k * n, 7));
+    let (ba, bb) = (d.upload(&a).unwrap(), d.upload(&b).unwrap());
+    let mut c = d.zeros::<f32>(batches * m * n).unwrap();
+    let shape = GemmShape {
+        batches,
+        stride_b: 0,
+        ..GemmShape::plain(m, n, k)
+    };
+    d.gemm_f32(shape, &ba, &bb, &mut c).unwrap();
+    let got = d.read(&c).unwrap();
+    for batch in 0..batches {
+        let want = reference(&a[batch * m * k..][..m * k], &b, m, n, k, false, false);
+        assert_close(
+            &got[batch * m * n..][..m * n],
+            &want,
+            k,
+            &format!("batch {batch}"),
+        );
+    }
+}
+
+#[test]
+fn bf16_gemm_accumulates_in_f32_to_the_reference_of_its_rounded_operands() {
+    let Some(d) = device("bf16_gemm_accumulates_in_f32_to_the_reference_of_its_rounded_operands")
+    else {
+        return;
+    };
+    let (m, n, k) = (96, 80, 256);
+    let to_bf16 = |v: &[f32]| -> Vec<u16> {
+        v.iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect()
+    };
+    let (a, b) = (random(m * k, 8), random(k * n, 9));
+    let (ah, bh) = (to_bf16(&a), to_bf16(&b));
+    let widen = |v: &[u16]| -> Vec<f32> {
+        v.iter()
+            .map(|&h| half::bf16::from_bits(h).to_f32())
+            .collect()
+    };
+    let want = reference(&widen(&ah), &widen(&bh), m, n, k, false, false);
+    let (ba, bb) = (d.upload(&ah).unwrap(), d.upload(&bh).unwrap());
+    let mut c = d.zeros::<u16>(m * n).unwrap();
+    d.gemm_bf16(GemmShape::plain(m, n, k), &ba, &bb, &mut c)
+        .unwrap();
+    let got = widen(&d.read(&c).unwrap());
+    for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        // The result is rounded to bf16 (8 bits of mantissa): half an ulp is 2^-8 relative.
+        let tol = w.abs() * (1.0 / 128.0) + 1e-3 * (k as f64).sqrt();
+        assert!((g as f64 - w).abs() <= tol, "element {e}: {g} vs {w}");
+    }
+}
+
+#[test]
+fn a_product_past_its_buffers_is_refused_before_cublas_reads_them() {
+    let Some(d) = device("a_product_past_its_buffers_is_refused_before_cublas_reads_them") else {
+        return;
+    };
+    let (a, b) = (
+        d.upload(&random(10, 1)).unwrap(),
+        d.upload(&random(10, 2)).unwrap(),
+    );
+    let mut c = d.zeros::<f32>(4).unwrap();
+    assert!(matches!(
+        d.gemm_f32(GemmShape::plain(2, 2, 8), &a, &b, &mut c),
+        Err(GpuError::Call(_))
+    ));
+}
+
+#[test]
+fn an_allocation_past_the_devices_memory_is_out_of_memory_not_a_panic() {
+    let Some(d) = device("an_allocation_past_the_devices_memory_is_out_of_memory_not_a_panic")
+    else {
+        return;
+    };
+    // 4 TiB of f32.
+    match d.zeros::<f32>(1 << 40) {
+        Err(GpuError::OutOfMemory { requested }) => assert_eq!(requested, 4 << 40),
+        other => panic!("expected OutOfMemory, got {:?}", other.err()),
+    }
+    // The device still works afterwards.
+    let b = d.upload(&[1.0f32, 2.0]).unwrap();
+    assert_eq!(d.read(&b).unwrap(), vec![1.0, 2.0]);
+}
