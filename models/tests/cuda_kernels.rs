@@ -90,6 +90,31 @@ fn a_kernels_own_source_compiles_alone() {
 }
 
 #[test]
+fn the_runtimes_core_op_kernels_compile_to_an_sm_90_cubin() {
+    let test = "the_runtimes_core_op_kernels_compile_to_an_sm_90_cubin";
+    if !nvrtc(test) {
+        return;
+    }
+    let source = rtx_backends::cuda::kernels::SOURCE;
+    let compiled = compile("core_ops", source, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
+    for entry in [
+        "rtx_reduce",
+        "rtx_pick",
+        "rtx_pick_grad",
+        "rtx_gather_rows",
+        "rtx_scatter_rows",
+        "rtx_copy_into",
+        "rtx_scatter_first",
+    ] {
+        assert!(
+            compiled.ptx.contains(&format!(".entry {entry}(")),
+            "no entry {entry}"
+        );
+    }
+    assert!(!compiled.cubin.is_empty());
+}
+
+#[test]
 fn a_kernel_that_does_not_compile_is_an_error_with_nvrtcs_log() {
     let test = "a_kernel_that_does_not_compile_is_an_error_with_nvrtcs_log";
     if !nvrtc(test) {

@@ -60,3 +60,34 @@ fn every_kernel_of_every_model_compiles_as_hip_for_gfx90a() {
         );
     }
 }
+
+/// The CUDA runtime's own core-op kernels (`rtx_backends::cuda::kernels`) as HIP too, so a
+/// HIP runtime can take them as they are.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_core_op_kernels_compile_as_hip_for_gfx90a() {
+    let test = "the_core_op_kernels_compile_as_hip_for_gfx90a";
+    if !hiprtc_available() {
+        assert!(
+            std::env::var("RTX_REQUIRE_HIPRTC").as_deref() != Ok("1"),
+            "{test}: RTX_REQUIRE_HIPRTC=1 but hiprtc cannot be loaded"
+        );
+        eprintln!("skipped: {test}: hiprtc (libamdhip64.so.5) not found");
+        return;
+    }
+    let source = format!(
+        "{}{}",
+        cuda::HIP_PRELUDE,
+        rtx_backends::cuda::kernels::SOURCE
+    );
+    let compiled = compile("core_ops", &source, "gfx90a", &[]).unwrap_or_else(|e| panic!("{e}"));
+    for entry in [
+        "rtx_reduce",
+        "rtx_pick",
+        "rtx_scatter_rows",
+        "rtx_copy_into",
+    ] {
+        let entry = entry.as_bytes();
+        assert!(compiled.code.windows(entry.len()).any(|w| w == entry));
+    }
+}

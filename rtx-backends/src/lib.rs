@@ -18,6 +18,8 @@ pub mod gpu_error;
 pub mod hip;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod kernel_cache;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod kernel_meta;
 pub mod layout;
 pub mod pool;
 #[cfg(feature = "wgpu")]

@@ -221,3 +221,39 @@ fn an_allocation_past_the_devices_memory_is_out_of_memory_not_a_panic() {
     let b = d.upload(&[1.0f32, 2.0]).unwrap();
     assert_eq!(d.read(&b).unwrap(), vec![1.0, 2.0]);
 }
+
+#[test]
+fn the_core_op_kernels_run_on_the_device_through_their_meta_words() {
+    use rtx_backends::cuda::CudaView;
+    use rtx_backends::kernel_meta::Reduce;
+    let Some(d) = device("the_core_op_kernels_run_on_the_device_through_their_meta_words") else {
+        return;
+    };
+    // A [3, 4, 5] view of a [5, 4, 3] buffer from element 7, summed over the middle axis.
+    let x = random(7 + 60, 10);
+    let bx = d.upload(&x).unwrap();
+    let view = CudaView {
+        buffer: &bx,
+        offset: 7,
+        shape: vec![3, 4, 5],
+        strides: vec![1, 3, 12],
+    };
+    let mut sums = d.zeros::<f32>(15).unwrap();
+    d.reduce(&view, &[false, true, false], Reduce::Sum, &mut sums)
+        .unwrap();
+    let got = d.read(&sums).unwrap();
+    for i in 0..3 {
+        for k in 0..5 {
+            let want: f32 = (0..4).map(|j| x[7 + i + 3 * j + 12 * k]).sum();
+            assert!((got[i * 5 + k] - want).abs() < 1e-5, "({i}, {k})");
+        }
+    }
+    // The same view copied contiguous.
+    let mut copy = d.zeros::<f32>(60).unwrap();
+    d.copy_into(&view, &mut copy, 0, &[20, 5, 1]).unwrap();
+    let got = d.read(&copy).unwrap();
+    for (e, &value) in got.iter().enumerate() {
+        let (i, j, k) = (e / 20, e / 5 % 4, e % 5);
+        assert_eq!(value, x[7 + i + 3 * j + 12 * k], "element {e}");
+    }
+}

@@ -8,6 +8,10 @@
 //!   driver's caching pool, emitted kernels launched from their cubins, cuBLAS for products
 //!   (f32, and bf16 on the tensor cores). It runs only where a GPU is; without one,
 //!   [`CudaDevice::open`] says what is missing.
+//! - `kernels.rs`: the core ops' own kernels (reductions, gathers, scatters, strided copies),
+//!   the wgpu backend's in CUDA C over the same meta words (`kernel_meta`).
+//! - `on_cpu.rs`: the same kernels built for this CPU by a C++ compiler and run thread by
+//!   thread, so tests check the CUDA text's values without a GPU.
 //!
 //! cudarc loads `libnvrtc`, `libcuda` and `libcublas` at run time (`dynamic-loading`):
 //! building needs no CUDA toolkit, and a machine without a library gets
@@ -21,8 +25,11 @@ use cudarc::nvrtc::{result, sys};
 
 pub use crate::gpu_error::{GpuError, Result};
 
+pub mod kernels;
+pub mod on_cpu;
 mod runtime;
-pub use runtime::{CudaBuffer, CudaDevice, CudaKernel, GemmShape, cuda_available};
+pub use kernels::CudaView;
+pub use runtime::{Arg, CudaBuffer, CudaDevice, CudaKernel, GemmShape, cuda_available};
 
 const NVRTC_HELP: &str = "install the wheel `nvidia-cuda-nvrtc-cu12` and put \
      site-packages/nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH";

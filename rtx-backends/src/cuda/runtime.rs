@@ -57,6 +57,16 @@ impl<T> CudaBuffer<T> {
     }
 }
 
+/// One parameter of a kernel after its meta words.
+pub enum Arg<'a> {
+    /// Values the kernel reads.
+    In(&'a CudaBuffer<f32>),
+    /// u32 indices the kernel reads.
+    Index(&'a CudaBuffer<u32>),
+    /// Values the kernel writes.
+    Out(&'a mut CudaBuffer<f32>),
+}
+
 /// A row-major product `C[m, n] = A[m, k] @ B[k, n]` for cuBLAS, `batches` times with the
 /// given element strides between matrices (0: one matrix for every batch). `a_transposed`:
 /// A is stored as `[k, m]`; `b_transposed`: B as `[n, k]` (a Linear's weight).
@@ -277,13 +287,28 @@ impl CudaDevice {
         threads: usize,
         group: u32,
     ) -> Result<()> {
+        let mut args: Vec<Arg> = inputs.iter().map(|b| Arg::In(b)).collect();
+        args.extend(outputs.iter_mut().map(|b| Arg::Out(b)));
+        self.run_kernel(kernel, meta, &mut args, threads, group)
+    }
+
+    /// Runs `kernel` (parameters: the meta words, then `args` in order) over `threads`
+    /// threads, `group` per block, on a grid over x and then y.
+    pub fn run_kernel(
+        &self,
+        kernel: &CudaKernel,
+        meta: &[u32],
+        args: &mut [Arg],
+        threads: usize,
+        group: u32,
+    ) -> Result<()> {
         if threads == 0 {
             return Ok(());
         }
         let f = self.function(kernel)?;
         let meta = self.upload(meta)?;
         let blocks = threads.div_ceil(group.max(1) as usize);
-        // The emitted index is (blockIdx.y * gridDim.x + blockIdx.x) * group + threadIdx.x.
+        // The kernels' index is (blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x.
         let x = blocks.min(i32::MAX as usize);
         let y = blocks.div_ceil(x);
         if y > 65535 {
@@ -300,15 +325,16 @@ impl CudaDevice {
         };
         let mut launch = self.stream.launch_builder(&f);
         launch.arg(&meta.slice);
-        for input in inputs {
-            launch.arg(&input.slice);
+        for arg in args.iter_mut() {
+            match arg {
+                Arg::In(b) => launch.arg(&b.slice),
+                Arg::Index(b) => launch.arg(&b.slice),
+                Arg::Out(b) => launch.arg(&mut b.slice),
+            };
         }
-        for output in outputs.iter_mut() {
-            launch.arg(&mut output.slice);
-        }
-        // SAFETY: the emitted kernel takes exactly these pointers (meta, inputs, outputs),
-        // and reads and writes only the elements its meta words describe, which the caller
-        // sized the buffers for.
+        // SAFETY: the kernel takes exactly these pointers (meta, then `args`) with these
+        // element types, and reads and writes only the elements its meta words describe,
+        // which the caller sized the buffers for.
         unsafe { launch.launch(cfg) }
             .map(|_| ())
             .map_err(|e| GpuError::Call(format!("`{}`: {e:?}", kernel.name)))

@@ -9,6 +9,9 @@
 
 use super::{GpuBuffer, Kernel, WgpuDevice, grid};
 use crate::gpu_error::{GpuError, Result};
+use crate::kernel_meta;
+pub use crate::kernel_meta::Reduce;
+pub(super) use crate::kernel_meta::{word, words};
 
 /// A strided view of a buffer's values: element offset, then sizes and strides per axis.
 #[derive(Clone)]
@@ -17,18 +20,6 @@ pub struct GpuView<'a> {
     pub offset: usize,
     pub shape: Vec<usize>,
     pub strides: Vec<usize>,
-}
-
-/// What a reduction computes per output element.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reduce {
-    Sum,
-    Mean,
-    /// The largest value; NaN when any value is NaN (as on the CPU).
-    Max,
-    /// The position of the first largest value (NaN first, as on the CPU), written as a u32
-    /// word: the output buffer holds indices.
-    ArgMax,
 }
 
 /// Output tile edge of the GEMM (each of 16 x 16 threads computes 4 x 4 values).
@@ -186,14 +177,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 }
 "#;
 
-pub(super) fn word(v: usize, what: &str) -> Result<u32> {
-    u32::try_from(v).map_err(|_| GpuError::Call(format!("{what} {v} exceeds 2^32")))
-}
-
-pub(super) fn words(vs: &[usize], what: &str) -> Result<Vec<u32>> {
-    vs.iter().map(|&v| word(v, what)).collect()
-}
-
 impl WgpuDevice {
     pub(super) fn run(
         &self,
@@ -271,18 +254,7 @@ impl WgpuDevice {
         mode: Reduce,
         out: &GpuBuffer,
     ) -> Result<()> {
-        let (mut ks, mut kst, mut rs, mut rst) = (vec![], vec![], vec![], vec![]);
-        for (axis, (&size, &stride)) in x.shape.iter().zip(&x.strides).enumerate() {
-            if reduced.get(axis).copied().unwrap_or(false) {
-                rs.push(size);
-                rst.push(stride);
-            } else {
-                ks.push(size);
-                kst.push(stride);
-            }
-        }
-        let outputs: usize = ks.iter().product();
-        let count: usize = rs.iter().product();
+        let (meta, outputs) = kernel_meta::reduce(&x.shape, &x.strides, x.offset, reduced, mode)?;
         if out.len() < outputs {
             return Err(GpuError::Call(format!(
                 "reduction of {:?} needs {outputs} outputs, the buffer holds {}",
@@ -292,18 +264,6 @@ impl WgpuDevice {
         }
         if outputs == 0 {
             return Ok(());
-        }
-        let mode_word = match mode {
-            Reduce::Sum => 0,
-            Reduce::Mean => 1,
-            Reduce::Max => 2,
-            Reduce::ArgMax => 3,
-        };
-        let mut meta = words(&[outputs, count, ks.len(), rs.len()], "reduction size")?;
-        meta.push(mode_word);
-        meta.push(word(x.offset, "reduction offset")?);
-        for part in [&ks, &kst, &rs, &rst] {
-            meta.extend(words(part, "reduction size")?);
         }
         let groups = grid(
             outputs,
@@ -443,7 +403,7 @@ impl WgpuDevice {
         if rows * cols == 0 {
             return Ok(());
         }
-        let meta = words(&[rows, cols, w.offset, *rs, *cs], "gather size")?;
+        let meta = kernel_meta::gather_rows(rows, cols, w.offset, *rs, *cs)?;
         let groups = grid(
             rows * cols,
             256,
@@ -500,12 +460,11 @@ impl WgpuDevice {
         if n == 0 {
             return Ok(());
         }
-        let mut meta = words(&[n, x.shape.len()], "copy size")?;
-        meta.extend(words(&x.shape, "copy size")?);
-        for v in [x, out] {
-            meta.push(word(v.offset, "copy offset")?);
-            meta.extend(words(&v.strides, "copy stride")?);
-        }
+        let meta = kernel_meta::strided_copy(
+            &x.shape,
+            (x.offset, &x.strides),
+            (out.offset, &out.strides),
+        )?;
         let groups = grid(n, 256, self.limits.max_compute_workgroups_per_dimension)?;
         self.run(
             "rtx_copy_into",
@@ -565,9 +524,7 @@ impl WgpuDevice {
         if n == 0 {
             return Ok(());
         }
-        let mut meta = words(&[n, shape.len()], "max gradient size")?;
-        meta.extend(words(shape, "max gradient size")?);
-        meta.extend(reduced.iter().map(|&r| u32::from(r)));
+        let meta = kernel_meta::scatter_first(shape, reduced)?;
         let groups = grid(n, 256, self.limits.max_compute_workgroups_per_dimension)?;
         self.run(
             "rtx_scatter_first",

@@ -1,0 +1,314 @@
+//! The CUDA runtime's own kernels for the core ops that are not pointwise (those come from
+//! `rtx_ir::emit`): reductions over any set of axes, the gathers and scatters of `Pick`,
+//! embeddings and their gradients, the max gradient's scatter and strided copies. They are
+//! the wgpu backend's kernels (`wgpu/kernels.rs`) spelled in CUDA C, reading the same meta
+//! words (`kernel_meta`), so both targets compute the same values in the same order.
+//!
+//! Every kernel is one thread per output element with no shared memory or barriers, so
+//! `on_cpu` runs them on the CPU in tests (`tests/cuda_kernels_on_cpu.rs`). Index buffers
+//! hold u32 words that the caller checked on the host.
+
+use super::runtime::{Arg, CudaBuffer, CudaDevice, CudaKernel};
+use super::{GpuError, Result};
+use crate::kernel_meta::{self, Reduce};
+
+/// Threads per block of every kernel here.
+pub const BLOCK: u32 = 256;
+
+/// All the kernels, one module (compiled once, cached on disk like the emitted ones).
+pub const SOURCE: &str = r#"
+#define RTX_INDEX ((blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x)
+
+// One thread per output: its kept coordinates give a base offset, then a loop over the
+// reduced elements in order. Meta: kernel_meta::reduce.
+extern "C" __global__ void rtx_reduce(const unsigned int* prm, const float* x, float* out) {
+    const unsigned int o = RTX_INDEX;
+    if (o >= prm[0]) return;
+    const unsigned int count = prm[1], kr = prm[2], rr = prm[3], mode = prm[4];
+    const unsigned int ks = 6u, kst = 6u + kr, rs = 6u + 2u * kr, rst = 6u + 2u * kr + rr;
+    unsigned int base = prm[5], rest = o;
+    for (unsigned int d = kr; d > 0u; --d) {
+        const unsigned int size = prm[ks + d - 1u];
+        base += (rest % size) * prm[kst + d - 1u];
+        rest /= size;
+    }
+    float acc = mode == 2u ? __uint_as_float(0xff800000u) : 0.0f;
+    bool nan = false;
+    unsigned int best = 0u;
+    float best_v = 0.0f;
+    for (unsigned int e = 0u; e < count; ++e) {
+        unsigned int off = base, r = e;
+        for (unsigned int d = rr; d > 0u; --d) {
+            const unsigned int size = prm[rs + d - 1u];
+            off += (r % size) * prm[rst + d - 1u];
+            r /= size;
+        }
+        const float v = x[off];
+        if (mode == 3u) {
+            // The first maximum; a NaN wins and stays (as on the CPU).
+            if (e == 0u || (best_v == best_v && (v != v || v > best_v))) { best = e; best_v = v; }
+        } else if (mode == 2u) {
+            nan = nan || v != v;
+            acc = v > acc ? v : acc;
+        } else {
+            acc = acc + v;
+        }
+    }
+    if (mode == 1u) acc = acc / (float)count;
+    if (nan) acc = __uint_as_float(0x7fc00000u);
+    if (mode == 3u) acc = __uint_as_float(best);
+    out[o] = acc;
+}
+
+// out[r] = x[r * cols + idx[r]]. Meta: [rows, cols].
+extern "C" __global__ void rtx_pick(const unsigned int* prm, const float* x,
+                                    const unsigned int* idx, float* out) {
+    const unsigned int r = RTX_INDEX;
+    if (r >= prm[0]) return;
+    const unsigned int cols = prm[1];
+    const unsigned int j = idx[r] < cols ? idx[r] : cols - 1u;
+    out[r] = x[r * cols + j];
+}
+
+// out[r, j] = g[r] if j == idx[r] else 0. Meta: [rows, cols].
+extern "C" __global__ void rtx_pick_grad(const unsigned int* prm, const float* g,
+                                         const unsigned int* idx, float* out) {
+    const unsigned int e = RTX_INDEX;
+    const unsigned int cols = prm[1];
+    if (e >= prm[0] * cols) return;
+    const unsigned int r = e / cols;
+    out[e] = e % cols == idx[r] ? g[r] : 0.0f;
+}
+
+// out[r, j] = w[ids[r], j]. Meta: kernel_meta::gather_rows.
+extern "C" __global__ void rtx_gather_rows(const unsigned int* prm, const float* w,
+                                           const unsigned int* ids, float* out) {
+    const unsigned int e = RTX_INDEX;
+    const unsigned int cols = prm[1];
+    if (e >= prm[0] * cols) return;
+    const unsigned int r = e / cols;
+    out[e] = w[prm[2] + ids[r] * prm[3] + (e % cols) * prm[4]];
+}
+
+// out[v, j] = sum of g[k, j] over rows[starts[v] .. starts[v + 1]], in order: each output
+// is one thread's sum, no atomics. Meta: [vocab, cols]; g contiguous.
+extern "C" __global__ void rtx_scatter_rows(const unsigned int* prm, const float* g,
+                                            const unsigned int* starts,
+                                            const unsigned int* rows, float* out) {
+    const unsigned int e = RTX_INDEX;
+    const unsigned int cols = prm[1];
+    if (e >= prm[0] * cols) return;
+    const unsigned int v = e / cols, j = e % cols;
+    float acc = 0.0f;
+    for (unsigned int k = starts[v]; k < starts[v + 1u]; ++k) acc = acc + g[rows[k] * cols + j];
+    out[e] = acc;
+}
+
+// out[view] = x[view] for two strided views of one shape. Meta: kernel_meta::strided_copy.
+extern "C" __global__ void rtx_copy_into(const unsigned int* prm, const float* x, float* out) {
+    const unsigned int i = RTX_INDEX;
+    if (i >= prm[0]) return;
+    const unsigned int rank = prm[1], xb = 2u + rank, ob = 3u + 2u * rank;
+    unsigned int xo = prm[xb], oo = prm[ob], rest = i;
+    for (unsigned int d = rank; d > 0u; --d) {
+        const unsigned int size = prm[1u + d];
+        const unsigned int c = rest % size;
+        rest /= size;
+        xo += c * prm[xb + d];
+        oo += c * prm[ob + d];
+    }
+    out[oo] = x[xo];
+}
+
+// The gradient of a max: out[i] = g[kept(i)] where i is its group's first maximum (firsts,
+// the positions rtx_reduce's mode 3 gives), else 0. Meta: kernel_meta::scatter_first.
+extern "C" __global__ void rtx_scatter_first(const unsigned int* prm, const float* g,
+                                             const unsigned int* firsts, float* out) {
+    const unsigned int i = RTX_INDEX;
+    if (i >= prm[0]) return;
+    const unsigned int rank = prm[1];
+    unsigned int rest = i, kept = 0u, kept_scale = 1u, red = 0u, red_scale = 1u;
+    for (unsigned int d = rank; d > 0u; --d) {
+        const unsigned int size = prm[1u + d];
+        const unsigned int c = rest % size;
+        rest /= size;
+        if (prm[1u + rank + d] != 0u) { red += c * red_scale; red_scale *= size; }
+        else { kept += c * kept_scale; kept_scale *= size; }
+    }
+    out[i] = firsts[kept] == red ? g[kept] : 0.0f;
+}
+"#;
+
+fn kernel(entry: &'static str) -> CudaKernel<'static> {
+    CudaKernel {
+        name: entry,
+        source: SOURCE,
+        entry,
+    }
+}
+
+/// A strided view of a device buffer's values: element offset, then sizes and strides.
+pub struct CudaView<'a> {
+    pub buffer: &'a CudaBuffer<f32>,
+    pub offset: usize,
+    pub shape: Vec<usize>,
+    pub strides: Vec<usize>,
+}
+
+impl CudaDevice {
+    /// Reduces `x` over the axes marked in `reduced` into the contiguous `out`, one value
+    /// per kept coordinate (`ArgMax`: the first maximum's position, as u32 bits).
+    pub fn reduce(
+        &self,
+        x: &CudaView,
+        reduced: &[bool],
+        mode: Reduce,
+        out: &mut CudaBuffer<f32>,
+    ) -> Result<()> {
+        let (meta, outputs) = kernel_meta::reduce(&x.shape, &x.strides, x.offset, reduced, mode)?;
+        if out.len() < outputs {
+            return Err(GpuError::Call(format!(
+                "reduction of {:?} needs {outputs} outputs, the buffer holds {}",
+                x.shape,
+                out.len()
+            )));
+        }
+        self.run_kernel(
+            &kernel("rtx_reduce"),
+            &meta,
+            &mut [Arg::In(x.buffer), Arg::Out(out)],
+            outputs,
+            BLOCK,
+        )
+    }
+
+    /// `out[r] = x[r, idx[r]]` for contiguous `[rows, cols]` values, each index below
+    /// `cols` (checked by the caller).
+    pub fn pick(
+        &self,
+        x: &CudaBuffer<f32>,
+        idx: &CudaBuffer<u32>,
+        rows: usize,
+        cols: usize,
+        out: &mut CudaBuffer<f32>,
+    ) -> Result<()> {
+        let meta = kernel_meta::words(&[rows, cols], "pick size")?;
+        self.run_kernel(
+            &kernel("rtx_pick"),
+            &meta,
+            &mut [Arg::In(x), Arg::Index(idx), Arg::Out(out)],
+            rows,
+            BLOCK,
+        )
+    }
+
+    /// `out[r, j] = g[r]` where `j == idx[r]`, else 0, over contiguous `[rows, cols]`.
+    pub fn pick_grad(
+        &self,
+        g: &CudaBuffer<f32>,
+        idx: &CudaBuffer<u32>,
+        rows: usize,
+        cols: usize,
+        out: &mut CudaBuffer<f32>,
+    ) -> Result<()> {
+        let meta = kernel_meta::words(&[rows, cols], "pick size")?;
+        self.run_kernel(
+            &kernel("rtx_pick_grad"),
+            &meta,
+            &mut [Arg::In(g), Arg::Index(idx), Arg::Out(out)],
+            rows * cols,
+            BLOCK,
+        )
+    }
+
+    /// `out[r, :] = w[ids[r], :]` for `rows` ids below `w`'s row count (checked by the
+    /// caller); `w` a 2-D view, `out` contiguous `[rows, cols]`.
+    pub fn gather_rows(
+        &self,
+        w: &CudaView,
+        ids: &CudaBuffer<u32>,
+        rows: usize,
+        out: &mut CudaBuffer<f32>,
+    ) -> Result<()> {
+        let (Some(&cols), [rs, cs]) = (w.shape.get(1), w.strides.as_slice()) else {
+            return Err(GpuError::Call(format!(
+                "gather_rows takes a 2-D table, found {:?}",
+                w.shape
+            )));
+        };
+        let meta = kernel_meta::gather_rows(rows, cols, w.offset, *rs, *cs)?;
+        self.run_kernel(
+            &kernel("rtx_gather_rows"),
+            &meta,
+            &mut [Arg::In(w.buffer), Arg::Index(ids), Arg::Out(out)],
+            rows * cols,
+            BLOCK,
+        )
+    }
+
+    /// `out[v, :] = sum of g[k, :] over k in rows[starts[v]..starts[v + 1]]` for a
+    /// contiguous `g` of `cols` columns and `vocab` output rows.
+    pub fn scatter_rows(
+        &self,
+        g: &CudaBuffer<f32>,
+        starts: &CudaBuffer<u32>,
+        rows: &CudaBuffer<u32>,
+        vocab: usize,
+        cols: usize,
+        out: &mut CudaBuffer<f32>,
+    ) -> Result<()> {
+        let meta = kernel_meta::words(&[vocab, cols], "scatter size")?;
+        self.run_kernel(
+            &kernel("rtx_scatter_rows"),
+            &meta,
+            &mut [
+                Arg::In(g),
+                Arg::Index(starts),
+                Arg::Index(rows),
+                Arg::Out(out),
+            ],
+            vocab * cols,
+            BLOCK,
+        )
+    }
+
+    /// Copies the strided view `x` into `out` at `out_offset` with `out_strides` (the
+    /// same shape).
+    pub fn copy_into(
+        &self,
+        x: &CudaView,
+        out: &mut CudaBuffer<f32>,
+        out_offset: usize,
+        out_strides: &[usize],
+    ) -> Result<()> {
+        let meta =
+            kernel_meta::strided_copy(&x.shape, (x.offset, &x.strides), (out_offset, out_strides))?;
+        let n = x.shape.iter().product();
+        self.run_kernel(
+            &kernel("rtx_copy_into"),
+            &meta,
+            &mut [Arg::In(x.buffer), Arg::Out(out)],
+            n,
+            BLOCK,
+        )
+    }
+
+    /// The gradient of a max over the axes marked in `reduced` of a contiguous `shape`.
+    pub fn scatter_first(
+        &self,
+        shape: &[usize],
+        reduced: &[bool],
+        g: &CudaBuffer<f32>,
+        firsts: &CudaBuffer<u32>,
+        out: &mut CudaBuffer<f32>,
+    ) -> Result<()> {
+        let meta = kernel_meta::scatter_first(shape, reduced)?;
+        self.run_kernel(
+            &kernel("rtx_scatter_first"),
+            &meta,
+            &mut [Arg::In(g), Arg::Index(firsts), Arg::Out(out)],
+            shape.iter().product(),
+            BLOCK,
+        )
+    }
+}

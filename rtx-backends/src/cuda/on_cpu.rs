@@ -1,0 +1,180 @@
+//! CUDA kernels run on this CPU, for tests: the kernel's text is built by the host's C++
+//! compiler under a small shim (`blockIdx`, `threadIdx`, `gridDim`, `blockDim` and the few
+//! intrinsics the emitted prelude uses) into a shared library with a launcher that runs every
+//! thread of the grid in turn.
+//!
+//! That computes what the GPU computes for kernels that use no shared memory, barriers or
+//! warp operations, which is every emitted pointwise and row kernel and every kernel of
+//! `kernels.rs`; `launch` refuses a source that mentions `__syncthreads` or `__shared__`.
+//! It cannot check the GPU's own libm (`expf`, `erff` differ from glibc's by an ulp or two)
+//! or the launch itself: the runtime's tests do that on a GPU. CI runs it so that the CUDA
+//! text's meaning is checked on every commit, not only that NVRTC compiles it.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::ffi::c_void;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::process::Command;
+
+use super::{GpuError, Result};
+
+/// What CUDA gives a kernel that a C++ compiler does not. `__fmul_rn` and friends round each
+/// operation alone, which `-ffp-contract=off` keeps true of the plain operators.
+const SHIM: &str = r#"
+#include <math.h>
+#include <string.h>
+#include <utility>
+struct rtx_dim3 { unsigned int x, y, z; };
+static rtx_dim3 blockIdx, threadIdx, gridDim, blockDim;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+template <typename... P, size_t... I>
+static void rtx_apply(void (*k)(P...), void** a, std::index_sequence<I...>) {
+    k(static_cast<P>(a[I])...);
+}
+template <typename... P>
+static void rtx_invoke(void (*k)(P...), void** a) {
+    rtx_apply(k, a, std::index_sequence_for<P...>{});
+}
+"#;
+
+/// The launcher's signature: the kernel's parameters as pointers, grid x, y, z, block x, y, z.
+type Launch = unsafe extern "C" fn(*const *mut c_void, u32, u32, u32, u32, u32, u32);
+
+/// A C++ compiler that builds CUDA kernels for this CPU, and the kernels it built.
+pub struct CudaOnCpu {
+    dir: PathBuf,
+    compiler: String,
+    launches: RefCell<HashMap<u64, (libloading::Library, Launch)>>,
+}
+
+impl CudaOnCpu {
+    /// `$CXX`, else `c++`, if it runs; built libraries go to a fresh temporary folder.
+    pub fn open() -> Result<CudaOnCpu> {
+        let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let runs = Command::new(&compiler)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !runs {
+            return Err(GpuError::MissingLibrary {
+                library: "a C++ compiler (`c++` or $CXX)",
+                help: "install g++ (Debian: `apt-get install -y g++`)",
+            });
+        }
+        let dir = std::env::temp_dir().join(format!("rtx-cuda-on-cpu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| GpuError::Call(e.to_string()))?;
+        Ok(CudaOnCpu {
+            dir,
+            compiler,
+            launches: RefCell::new(HashMap::new()),
+        })
+    }
+
+    /// Which compiler builds the kernels.
+    pub fn describe(&self) -> String {
+        format!("the CPU ({} under a CUDA shim)", self.compiler)
+    }
+
+    fn build(&self, name: &str, source: &str, entry: &str) -> Result<Launch> {
+        let mut h = DefaultHasher::new();
+        (source, entry).hash(&mut h);
+        let key = h.finish();
+        if let Some((_, f)) = self.launches.borrow().get(&key) {
+            return Ok(*f);
+        }
+        if source.contains("__syncthreads") || source.contains("__shared__") {
+            return Err(GpuError::Call(format!(
+                "`{name}` shares memory between threads, which running them in turn cannot show"
+            )));
+        }
+        let launcher = format!(
+            "\nextern \"C\" void rtx_launch(void** a, unsigned int gx, unsigned int gy, unsigned int gz,\n\
+             unsigned int bx, unsigned int by, unsigned int bz) {{\n\
+             gridDim = {{gx, gy, gz}}; blockDim = {{bx, by, bz}};\n\
+             for (unsigned int z = 0; z < gz; ++z) for (unsigned int y = 0; y < gy; ++y)\n\
+             for (unsigned int x = 0; x < gx; ++x) {{\n\
+             blockIdx = {{x, y, z}};\n\
+             for (unsigned int tz = 0; tz < bz; ++tz) for (unsigned int ty = 0; ty < by; ++ty)\n\
+             for (unsigned int tx = 0; tx < bx; ++tx) {{\n\
+             threadIdx = {{tx, ty, tz}};\n\
+             rtx_invoke({entry}, a);\n\
+             }}\n}}\n}}\n"
+        );
+        let cpp = self.dir.join(format!("k{key:016x}.cpp"));
+        let so = self.dir.join(format!("k{key:016x}.so"));
+        std::fs::write(&cpp, format!("{SHIM}{source}\n{launcher}"))
+            .map_err(|e| GpuError::Call(e.to_string()))?;
+        let out = Command::new(&self.compiler)
+            .args([
+                "-O1",
+                "-std=c++17",
+                "-shared",
+                "-fPIC",
+                "-ffp-contract=off",
+                "-w",
+                "-o",
+            ])
+            .arg(&so)
+            .arg(&cpp)
+            .output()
+            .map_err(|e| GpuError::Call(e.to_string()))?;
+        if !out.status.success() {
+            return Err(GpuError::Compile {
+                name: name.to_string(),
+                message: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        // SAFETY: the library was just built from the shim, the kernel and its launcher; it
+        // has no initializers of its own.
+        let lib =
+            unsafe { libloading::Library::new(&so) }.map_err(|e| GpuError::Call(e.to_string()))?;
+        // SAFETY: `rtx_launch` has the `Launch` signature, written above.
+        let f: Launch = unsafe {
+            *lib.get::<Launch>(b"rtx_launch\0")
+                .map_err(|e| GpuError::Call(e.to_string()))?
+        };
+        self.launches.borrow_mut().insert(key, (lib, f));
+        Ok(f)
+    }
+
+    /// Runs kernel `entry` of `source` over `grid` blocks of `block` threads, with `params`
+    /// as its parameters in order (host pointers to the buffers it reads and writes).
+    ///
+    /// # Safety
+    /// `params` match the kernel's parameters in number and pointee type, and every element
+    /// the kernel reads or writes through them is inside its buffer.
+    pub unsafe fn launch(
+        &self,
+        name: &str,
+        source: &str,
+        entry: &str,
+        params: &[*mut c_void],
+        grid: [u32; 3],
+        block: [u32; 3],
+    ) -> Result<()> {
+        let f = self.build(name, source, entry)?;
+        // SAFETY: the caller's guarantees; the launcher passes each pointer to its parameter.
+        unsafe {
+            f(
+                params.as_ptr(),
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+            )
+        };
+        Ok(())
+    }
+}
