@@ -105,6 +105,7 @@ fn the_runtimes_core_op_kernels_compile_to_an_sm_90_cubin() {
         "rtx_scatter_rows",
         "rtx_copy_into",
         "rtx_scatter_first",
+        "rtx_optimizer_step",
     ] {
         assert!(
             compiled.ptx.contains(&format!(".entry {entry}(")),
@@ -112,6 +113,18 @@ fn the_runtimes_core_op_kernels_compile_to_an_sm_90_cubin() {
         );
     }
     assert!(!compiled.cubin.is_empty());
+    let attention = rtx_backends::cuda::attention::ATTENTION_SOURCE;
+    let compiled = compile("attention", attention, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
+    for entry in [
+        "rtx_attention",
+        "rtx_attention_grad_q",
+        "rtx_attention_grad_kv",
+    ] {
+        assert!(
+            compiled.ptx.contains(&format!(".entry {entry}(")),
+            "no entry {entry}"
+        );
+    }
 }
 
 #[test]

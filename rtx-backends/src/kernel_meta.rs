@@ -103,3 +103,115 @@ pub fn scatter_first(shape: &[usize], reduced: &[bool]) -> Result<Vec<u32>> {
     meta.extend(reduced.iter().map(|&r| u32::from(r)));
     Ok(meta)
 }
+
+/// The update rule of the optimizer-step kernels (`wgpu::WgpuDevice::optimizer_step`, `cuda::CudaDevice::optimizer_step`), with its hyperparameters.
+#[derive(Clone, Copy, Debug)]
+pub enum UpdateRule {
+    Adam {
+        lr: f32,
+        betas: (f32, f32),
+        eps: f32,
+        weight_decay: f32,
+        decoupled: bool,
+        /// `1 - beta^step` for each beta.
+        corrections: (f32, f32),
+    },
+    Sgd {
+        lr: f32,
+        momentum: f32,
+        dampening: f32,
+        nesterov: bool,
+        weight_decay: f32,
+        first_step: bool,
+    },
+}
+
+/// One optimizer step over `n` values: `[n, rule]` then f32 bits of `lr, beta1 | momentum,
+/// beta2 | dampening, eps, weight_decay, flag (decoupled | nesterov), scalar0 (bias
+/// correction 1 | first step), scalar1 (bias correction 2)`; rule 0 Adam, 1 SGD with
+/// momentum, 2 plain SGD.
+pub fn optimizer(rule: UpdateRule, n: usize) -> Result<Vec<u32>> {
+    let f = |v: f32| v.to_bits();
+    Ok(match rule {
+        UpdateRule::Adam {
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            decoupled,
+            corrections,
+        } => vec![
+            word(n, "parameter size")?,
+            0,
+            f(lr),
+            f(betas.0),
+            f(betas.1),
+            f(eps),
+            f(weight_decay),
+            u32::from(decoupled),
+            f(corrections.0),
+            f(corrections.1),
+        ],
+        UpdateRule::Sgd {
+            lr,
+            momentum,
+            dampening,
+            nesterov,
+            weight_decay,
+            first_step,
+        } => vec![
+            word(n, "parameter size")?,
+            if momentum == 0.0 { 2 } else { 1 },
+            f(lr),
+            f(momentum),
+            f(dampening),
+            0,
+            f(weight_decay),
+            u32::from(nesterov),
+            f(if first_step { 1.0 } else { 0.0 }),
+            0,
+        ],
+    })
+}
+
+/// The longest head a device attention kernel keeps in registers.
+pub const ATTENTION_MAX_HEAD: usize = 128;
+
+/// Sizes of an attention call over `S` flattened batch slices.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub slices: usize,
+    pub queries: usize,
+    pub keys: usize,
+    pub head: usize,
+    /// The width of v and of the output.
+    pub value_head: usize,
+    pub causal: bool,
+}
+
+impl AttentionShape {
+    /// `[S, Tq, Tk, D, causal, scale bits, Dv]`, refused past [`ATTENTION_MAX_HEAD`] or for
+    /// a causal mask over `Tq != Tk`.
+    pub fn meta(&self) -> Result<Vec<u32>> {
+        if self.head.max(self.value_head) > ATTENTION_MAX_HEAD
+            || (self.causal && self.queries != self.keys)
+        {
+            return Err(GpuError::Call(format!(
+                "device attention takes heads up to {ATTENTION_MAX_HEAD} (and Tq == Tk when causal), found {self:?}"
+            )));
+        }
+        let mut meta = words(
+            &[
+                self.slices,
+                self.queries,
+                self.keys,
+                self.head,
+                usize::from(self.causal),
+            ],
+            "attention size",
+        )?;
+        meta.push((1.0 / (self.head as f32).sqrt()).to_bits());
+        meta.push(words(&[self.value_head], "attention size")?[0]);
+        Ok(meta)
+    }
+}

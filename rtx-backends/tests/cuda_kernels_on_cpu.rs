@@ -9,7 +9,7 @@ use std::ffi::c_void;
 
 use rtx_backends::cuda::kernels::{BLOCK, SOURCE};
 use rtx_backends::cuda::on_cpu::CudaOnCpu;
-use rtx_backends::kernel_meta::{self, Reduce};
+use rtx_backends::kernel_meta::{self, Reduce, UpdateRule};
 
 fn device(test: &str) -> Option<CudaOnCpu> {
     match CudaOnCpu::open() {
@@ -303,6 +303,255 @@ fn the_max_gradient_goes_to_each_groups_first_maximum() {
         for j in 0..8 {
             let want = if j == first { g[r] } else { 0.0 };
             assert_eq!(grad[r * 8 + j], want, "({r}, {j})");
+        }
+    }
+}
+
+/// The CPU's Adam and SGD updates (`rtx_core::optim`), element by element in f32.
+fn step_reference(rule: UpdateRule, p: &mut [f32], g: &[f32], s1: &mut [f32], s2: &mut [f32]) {
+    for i in 0..p.len() {
+        let mut x = p[i];
+        match rule {
+            UpdateRule::Adam {
+                lr,
+                betas: (b1, b2),
+                eps,
+                weight_decay: wd,
+                decoupled,
+                corrections: (c1, c2),
+            } => {
+                let mut gi = g[i];
+                if decoupled {
+                    x *= 1.0 - lr * wd;
+                } else {
+                    gi += wd * x;
+                }
+                s1[i] = b1 * s1[i] + (1.0 - b1) * gi;
+                s2[i] = b2 * s2[i] + (1.0 - b2) * gi * gi;
+                x -= lr * (s1[i] / c1) / ((s2[i] / c2).sqrt() + eps);
+            }
+            UpdateRule::Sgd {
+                lr,
+                momentum,
+                dampening,
+                nesterov,
+                weight_decay: wd,
+                first_step,
+            } => {
+                let d = g[i] + wd * x;
+                if momentum == 0.0 {
+                    x -= lr * d;
+                } else {
+                    let b = if first_step {
+                        d
+                    } else {
+                        momentum * s1[i] + (1.0 - dampening) * d
+                    };
+                    s1[i] = b;
+                    x -= lr * if nesterov { d + momentum * b } else { b };
+                }
+            }
+        }
+        p[i] = x;
+    }
+}
+
+#[test]
+fn optimizer_steps_follow_the_cpus_adam_and_sgd_formulas() {
+    let Some(d) = device("optimizer_steps_follow_the_cpus_adam_and_sgd_formulas") else {
+        return;
+    };
+    let n = 300;
+    let rules = [
+        UpdateRule::Adam {
+            lr: 1e-2,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.1,
+            decoupled: true,
+            corrections: (0.19, 0.003),
+        },
+        UpdateRule::Adam {
+            lr: 3e-3,
+            betas: (0.8, 0.99),
+            eps: 1e-6,
+            weight_decay: 0.01,
+            decoupled: false,
+            corrections: (0.5, 0.02),
+        },
+        UpdateRule::Sgd {
+            lr: 0.1,
+            momentum: 0.9,
+            dampening: 0.1,
+            nesterov: true,
+            weight_decay: 1e-3,
+            first_step: false,
+        },
+        UpdateRule::Sgd {
+            lr: 0.1,
+            momentum: 0.9,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            first_step: true,
+        },
+        UpdateRule::Sgd {
+            lr: 0.05,
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.01,
+            first_step: false,
+        },
+    ];
+    for (r, rule) in rules.into_iter().enumerate() {
+        let g = random(n, 20 + r as u64);
+        let (mut p, mut s1) = (random(n, 30 + r as u64), random(n, 40 + r as u64));
+        let mut s2: Vec<f32> = random(n, 50).iter().map(|v| v.abs()).collect();
+        let (mut wp, mut ws1, mut ws2) = (p.clone(), s1.clone(), s2.clone());
+        step_reference(rule, &mut wp, &g, &mut ws1, &mut ws2);
+        let meta = kernel_meta::optimizer(rule, n).unwrap();
+        run(
+            &d,
+            "rtx_optimizer_step",
+            &meta,
+            &[out(&mut p), ptr(&g), out(&mut s1), out(&mut s2)],
+            n,
+        );
+        for i in 0..n {
+            let close = |a: f32, b: f32| (a - b).abs() <= 1e-6 * (1.0 + b.abs());
+            assert!(
+                close(p[i], wp[i]),
+                "{rule:?}: parameter {i}: {} vs {}",
+                p[i],
+                wp[i]
+            );
+            assert!(close(s1[i], ws1[i]), "{rule:?}: first state {i}");
+            assert!(close(s2[i], ws2[i]), "{rule:?}: second state {i}");
+        }
+    }
+}
+
+/// Attention and its gradients in f64: `(out, dq, dk, dv)` over `[S, T, D]` operands.
+fn attention_reference(
+    (s, t, d): (usize, usize, usize),
+    causal: bool,
+    [q, k, v, g]: [&[f32]; 4],
+) -> [Vec<f64>; 4] {
+    let scale = 1.0 / (d as f64).sqrt();
+    let (mut out, mut dq, mut dk, mut dv) = (
+        vec![0f64; s * t * d],
+        vec![0f64; s * t * d],
+        vec![0f64; s * t * d],
+        vec![0f64; s * t * d],
+    );
+    let at = |x: &[f32], sl: usize, row: usize, c: usize| x[(sl * t + row) * d + c] as f64;
+    for sl in 0..s {
+        for i in 0..t {
+            let keys = if causal { i + 1 } else { t };
+            let scores: Vec<f64> = (0..keys)
+                .map(|j| {
+                    (0..d)
+                        .map(|c| at(q, sl, i, c) * at(k, sl, j, c))
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = scores.iter().map(|x| (x - max).exp()).sum();
+            let p: Vec<f64> = scores.iter().map(|x| (x - max).exp() / sum).collect();
+            let dp: Vec<f64> = (0..keys)
+                .map(|j| (0..d).map(|c| at(g, sl, i, c) * at(v, sl, j, c)).sum())
+                .collect();
+            let mean: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+            for j in 0..keys {
+                let ds = p[j] * (dp[j] - mean) * scale;
+                for c in 0..d {
+                    let o = (sl * t + i) * d + c;
+                    let kv = (sl * t + j) * d + c;
+                    out[o] += p[j] * at(v, sl, j, c);
+                    dq[o] += ds * at(k, sl, j, c);
+                    dk[kv] += ds * at(q, sl, i, c);
+                    dv[kv] += p[j] * at(g, sl, i, c);
+                }
+            }
+        }
+    }
+    [out, dq, dk, dv]
+}
+
+#[test]
+fn attention_and_its_gradients_match_the_f64_reference_causal_or_not() {
+    use rtx_backends::cuda::attention::{ATTENTION_BLOCK, ATTENTION_SOURCE};
+    use rtx_backends::kernel_meta::AttentionShape;
+    let Some(d) = device("attention_and_its_gradients_match_the_f64_reference_causal_or_not")
+    else {
+        return;
+    };
+    let (s, t, h) = (3usize, 9usize, 8usize);
+    let n = s * t * h;
+    let (q, k, v, g) = (random(n, 60), random(n, 61), random(n, 62), random(n, 63));
+    for causal in [false, true] {
+        let shape = AttentionShape {
+            slices: s,
+            queries: t,
+            keys: t,
+            head: h,
+            value_head: h,
+            causal,
+        };
+        let meta = shape.meta().unwrap();
+        let launch = |entry: &str, params: &[*mut c_void]| {
+            let mut all = vec![ptr(&meta)];
+            all.extend_from_slice(params);
+            let blocks = (s * t).div_ceil(ATTENTION_BLOCK as usize) as u32;
+            // SAFETY: the kernels' parameters in order, each buffer of the size the meta says.
+            unsafe {
+                d.launch(
+                    entry,
+                    ATTENTION_SOURCE,
+                    entry,
+                    &all,
+                    [blocks, 1, 1],
+                    [ATTENTION_BLOCK, 1, 1],
+                )
+            }
+            .unwrap_or_else(|e| panic!("{entry}: {e}"));
+        };
+        let mut o = vec![0f32; n];
+        launch("rtx_attention", &[ptr(&q), ptr(&k), ptr(&v), out(&mut o)]);
+        let (mut stats, mut grads) = (vec![0f32; s * t * 3], vec![0f32; 3 * n]);
+        launch(
+            "rtx_attention_grad_q",
+            &[
+                ptr(&q),
+                ptr(&k),
+                ptr(&v),
+                ptr(&g),
+                out(&mut stats),
+                out(&mut grads),
+            ],
+        );
+        launch(
+            "rtx_attention_grad_kv",
+            &[
+                ptr(&q),
+                ptr(&k),
+                ptr(&v),
+                ptr(&g),
+                ptr(&stats),
+                out(&mut grads),
+            ],
+        );
+        let want = attention_reference((s, t, h), causal, [&q, &k, &v, &g]);
+        let got = [&o[..], &grads[..n], &grads[n..2 * n], &grads[2 * n..]];
+        for (name, (got, want)) in ["out", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
+            for (e, (&a, &b)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (a as f64 - b).abs() <= 1e-5 + 1e-4 * b.abs(),
+                    "causal={causal} {name}[{e}]: {a} vs {b}"
+                );
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The CUDA runtime's own kernels for the core ops that are not pointwise (those come from
 //! `rtx_ir::emit`): reductions over any set of axes, the gathers and scatters of `Pick`,
-//! embeddings and their gradients, the max gradient's scatter and strided copies. They are
+//! embeddings and their gradients, the max gradient's scatter, strided copies and the
+//! optimizer step. They are
 //! the wgpu backend's kernels (`wgpu/kernels.rs`) spelled in CUDA C, reading the same meta
 //! words (`kernel_meta`), so both targets compute the same values in the same order.
 //!
@@ -10,7 +11,7 @@
 
 use super::runtime::{Arg, CudaBuffer, CudaDevice, CudaKernel};
 use super::{GpuError, Result};
-use crate::kernel_meta::{self, Reduce};
+use crate::kernel_meta::{self, Reduce, UpdateRule};
 
 /// Threads per block of every kernel here.
 pub const BLOCK: u32 = 256;
@@ -136,6 +137,42 @@ extern "C" __global__ void rtx_scatter_first(const unsigned int* prm, const floa
         else { kept += c * kept_scale; kept_scale *= size; }
     }
     out[i] = firsts[kept] == red ? g[kept] : 0.0f;
+}
+
+// One optimizer step over a parameter, in place, to the CPU's formulas (rtx_core::optim).
+// Meta: kernel_meta::optimizer (rule 0 Adam, 1 SGD with momentum, 2 plain SGD).
+extern "C" __global__ void rtx_optimizer_step(const unsigned int* prm, float* p, const float* g,
+                                              float* s1, float* s2) {
+    const unsigned int i = RTX_INDEX;
+    if (i >= prm[0]) return;
+    const unsigned int rule = prm[1];
+    const float lr = __uint_as_float(prm[2]), h1 = __uint_as_float(prm[3]);
+    const float h2 = __uint_as_float(prm[4]), eps = __uint_as_float(prm[5]);
+    const float wd = __uint_as_float(prm[6]);
+    const bool flag = prm[7] != 0u;
+    const float c1 = __uint_as_float(prm[8]), c2 = __uint_as_float(prm[9]);
+    float x = p[i];
+    const float gi0 = g[i];
+    if (rule == 0u) {
+        float gi = gi0;
+        if (flag) { x = x * (1.0f - lr * wd); } else { gi = gi + wd * x; }
+        const float m = h1 * s1[i] + (1.0f - h1) * gi;
+        const float v = h2 * s2[i] + (1.0f - h2) * gi * gi;
+        s1[i] = m;
+        s2[i] = v;
+        const float denom = sqrtf(v / c2) + eps;
+        x = x - lr * (m / c1) / denom;
+    } else if (rule == 1u) {
+        const float d = gi0 + wd * x;
+        float b = h1 * s1[i] + (1.0f - h2) * d;
+        if (c1 == 1.0f) b = d;
+        s1[i] = b;
+        const float step = flag ? d + h1 * b : b;
+        x = x - lr * step;
+    } else {
+        x = x - lr * (gi0 + wd * x);
+    }
+    p[i] = x;
 }
 "#;
 
@@ -308,6 +345,32 @@ impl CudaDevice {
             &meta,
             &mut [Arg::In(g), Arg::Index(firsts), Arg::Out(out)],
             shape.iter().product(),
+            BLOCK,
+        )
+    }
+
+    /// Updates `param` (`n` values) in place from `grad` and the state buffers `first` and
+    /// `second` (each `n` values, or one word where the rule keeps none).
+    pub fn optimizer_step(
+        &self,
+        rule: UpdateRule,
+        n: usize,
+        param: &mut CudaBuffer<f32>,
+        grad: &CudaBuffer<f32>,
+        first: &mut CudaBuffer<f32>,
+        second: &mut CudaBuffer<f32>,
+    ) -> Result<()> {
+        let meta = kernel_meta::optimizer(rule, n)?;
+        self.run_kernel(
+            &kernel("rtx_optimizer_step"),
+            &meta,
+            &mut [
+                Arg::Out(param),
+                Arg::In(grad),
+                Arg::Out(first),
+                Arg::Out(second),
+            ],
+            n,
             BLOCK,
         )
     }

@@ -9,7 +9,8 @@
 //!   (f32, and bf16 on the tensor cores). It runs only where a GPU is; without one,
 //!   [`CudaDevice::open`] says what is missing.
 //! - `kernels.rs`: the core ops' own kernels (reductions, gathers, scatters, strided copies),
-//!   the wgpu backend's in CUDA C over the same meta words (`kernel_meta`).
+//!   the wgpu backend's in CUDA C over the same meta words (`kernel_meta`); `attention.rs`
+//!   the attention forward and backward kernels.
 //! - `on_cpu.rs`: the same kernels built for this CPU by a C++ compiler and run thread by
 //!   thread, so tests check the CUDA text's values without a GPU.
 //!
@@ -25,6 +26,7 @@ use cudarc::nvrtc::{result, sys};
 
 pub use crate::gpu_error::{GpuError, Result};
 
+pub mod attention;
 pub mod kernels;
 pub mod on_cpu;
 mod runtime;

@@ -1,12 +1,9 @@
 //! Attention on the wgpu backend: the forward pass and both halves of the backward pass,
 //! one thread per query (or key) row, an online softmax, never a `Tq x Tk` matrix.
 
-use super::kernels::words;
 use super::{GpuBuffer, WgpuDevice, grid};
 use crate::gpu_error::{GpuError, Result};
-
-/// The longest head a device attention kernel keeps in registers.
-pub const ATTENTION_MAX_HEAD: usize = 128;
+pub use crate::kernel_meta::{ATTENTION_MAX_HEAD, AttentionShape};
 
 /// Attention over contiguous `q [S, Tq, D]`, `k [S, Tk, D]`, `v [S, Tk, Dv]`, one thread per
 /// query row: an online softmax over the keys, no `Tq x Tk` matrix. Meta: `[S, Tq, Tk, D,
@@ -160,43 +157,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 "#;
-
-/// Sizes of an attention call over `S` flattened batch slices.
-#[derive(Clone, Copy, Debug)]
-pub struct AttentionShape {
-    pub slices: usize,
-    pub queries: usize,
-    pub keys: usize,
-    pub head: usize,
-    /// The width of v and of the output.
-    pub value_head: usize,
-    pub causal: bool,
-}
-
-impl AttentionShape {
-    fn meta(&self) -> Result<Vec<u32>> {
-        if self.head.max(self.value_head) > ATTENTION_MAX_HEAD
-            || (self.causal && self.queries != self.keys)
-        {
-            return Err(GpuError::Call(format!(
-                "device attention takes heads up to {ATTENTION_MAX_HEAD} (and Tq == Tk when causal), found {self:?}"
-            )));
-        }
-        let mut meta = words(
-            &[
-                self.slices,
-                self.queries,
-                self.keys,
-                self.head,
-                usize::from(self.causal),
-            ],
-            "attention size",
-        )?;
-        meta.push((1.0 / (self.head as f32).sqrt()).to_bits());
-        meta.push(words(&[self.value_head], "attention size")?[0]);
-        Ok(meta)
-    }
-}
 
 impl WgpuDevice {
     /// `softmax(q k^T / sqrt(D)) v` over contiguous `q`, `k`, `v` into `out` (q's shape).

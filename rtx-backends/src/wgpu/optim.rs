@@ -1,14 +1,13 @@
 //! The optimizer step of the wgpu backend: one kernel per parameter, in place, to the CPU's
 //! formulas (`rtx_core::optim`).
 
-use super::kernels::word;
 use super::{GpuBuffer, WgpuDevice, grid};
 use crate::gpu_error::Result;
+use crate::kernel_meta;
+pub use crate::kernel_meta::UpdateRule;
 
 /// One optimizer step over a parameter, in place, to the CPU's formulas (`rtx_core::optim`).
-/// Meta: `[n, rule]` then f32 bits of `lr, beta1 | momentum, beta2 | dampening, eps,
-/// weight_decay, flag (decoupled | nesterov), scalar0 (bias correction 1 | first step),
-/// scalar1 (bias correction 2)`; rule 0 Adam, 1 SGD with momentum, 2 plain SGD.
+/// Meta: `kernel_meta::optimizer`.
 const OPTIM: &str = r#"
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read_write> p: array<f32>;
@@ -50,28 +49,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 }
 "#;
 
-/// The update rule of [`WgpuDevice::optimizer_step`], with its hyperparameters.
-#[derive(Clone, Copy, Debug)]
-pub enum UpdateRule {
-    Adam {
-        lr: f32,
-        betas: (f32, f32),
-        eps: f32,
-        weight_decay: f32,
-        decoupled: bool,
-        /// `1 - beta^step` for each beta.
-        corrections: (f32, f32),
-    },
-    Sgd {
-        lr: f32,
-        momentum: f32,
-        dampening: f32,
-        nesterov: bool,
-        weight_decay: f32,
-        first_step: bool,
-    },
-}
-
 impl WgpuDevice {
     /// Updates `param` (`n` values) in place from `grad` and the state buffers `first` and
     /// `second` (each `n` values, or one word where the rule keeps none).
@@ -87,47 +64,7 @@ impl WgpuDevice {
         if n == 0 {
             return Ok(());
         }
-        let f = |v: f32| v.to_bits();
-        let meta = match rule {
-            UpdateRule::Adam {
-                lr,
-                betas,
-                eps,
-                weight_decay,
-                decoupled,
-                corrections,
-            } => vec![
-                word(n, "parameter size")?,
-                0,
-                f(lr),
-                f(betas.0),
-                f(betas.1),
-                f(eps),
-                f(weight_decay),
-                u32::from(decoupled),
-                f(corrections.0),
-                f(corrections.1),
-            ],
-            UpdateRule::Sgd {
-                lr,
-                momentum,
-                dampening,
-                nesterov,
-                weight_decay,
-                first_step,
-            } => vec![
-                word(n, "parameter size")?,
-                if momentum == 0.0 { 2 } else { 1 },
-                f(lr),
-                f(momentum),
-                f(dampening),
-                0,
-                f(weight_decay),
-                u32::from(nesterov),
-                f(if first_step { 1.0 } else { 0.0 }),
-                0,
-            ],
-        };
+        let meta = kernel_meta::optimizer(rule, n)?;
         let groups = grid(n, 256, self.limits.max_compute_workgroups_per_dimension)?;
         self.run(
             "rtx_optimizer_step",
