@@ -215,3 +215,108 @@ impl AttentionShape {
         Ok(meta)
     }
 }
+
+/// Which pass of a convolution the convolution kernels computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvPass {
+    /// `y = conv(x, w)`: operands x, w.
+    Forward,
+    /// The input gradient: operands g, w.
+    GradInput,
+    /// The weight gradient: operands x, g.
+    GradWeight,
+}
+
+/// The sizes of a 2-D convolution: x `[N, C, H, W]`, w `[O, C, KH, KW]`, y `[N, O, OH, OW]`.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvShape {
+    pub x: [usize; 4],
+    pub w: [usize; 4],
+    pub y: [usize; 4],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+}
+
+/// A convolution pass: `[mode, N, C, H, W, O, KH, KW, OH, OW, stride_h, stride_w, pad_h,
+/// pad_w]` (mode 0 forward, 1 input gradient, 2 weight gradient), with the output count.
+pub fn conv2d(pass: ConvPass, s: ConvShape) -> Result<(Vec<u32>, usize)> {
+    let ([n, c, h, w], [o, _, kh, kw], [_, _, oh, ow]) = (s.x, s.w, s.y);
+    let outputs = match pass {
+        ConvPass::Forward => n * o * oh * ow,
+        ConvPass::GradInput => n * c * h * w,
+        ConvPass::GradWeight => o * c * kh * kw,
+    };
+    if s.stride.contains(&0) {
+        return Err(GpuError::Call(format!("conv2d of {s:?}: a stride of 0")));
+    }
+    let mode = match pass {
+        ConvPass::Forward => 0,
+        ConvPass::GradInput => 1,
+        ConvPass::GradWeight => 2,
+    };
+    let meta = words(
+        &[
+            mode,
+            n,
+            c,
+            h,
+            w,
+            o,
+            kh,
+            kw,
+            oh,
+            ow,
+            s.stride[0],
+            s.stride[1],
+            s.padding[0],
+            s.padding[1],
+        ],
+        "conv2d size",
+    )?;
+    Ok((meta, outputs))
+}
+
+/// Which pooling pass the pooling kernels computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolPass {
+    Max,
+    Avg,
+    /// Operands x and g.
+    MaxGrad,
+    /// Operand g.
+    AvgGrad,
+}
+
+/// A pooling pass: `[mode, N, C, H, W, KH, KW, OH, OW, stride_h, stride_w, pad_h, pad_w]`
+/// (mode 0 max, 1 average, 2 max gradient, 3 average gradient), with the output count.
+pub fn pool2d(
+    pass: PoolPass,
+    x_shape: [usize; 4],
+    (kernel, stride, padding): ([usize; 2], [usize; 2], [usize; 2]),
+    out_hw: [usize; 2],
+) -> Result<(Vec<u32>, usize)> {
+    let [n, c, h, w] = x_shape;
+    let outputs = match pass {
+        PoolPass::Max | PoolPass::Avg => n * c * out_hw[0] * out_hw[1],
+        PoolPass::MaxGrad | PoolPass::AvgGrad => n * c * h * w,
+    };
+    if stride.contains(&0) {
+        return Err(GpuError::Call(format!(
+            "pool2d of {x_shape:?}: a stride of 0"
+        )));
+    }
+    let mode = match pass {
+        PoolPass::Max => 0,
+        PoolPass::Avg => 1,
+        PoolPass::MaxGrad => 2,
+        PoolPass::AvgGrad => 3,
+    };
+    let meta = words(
+        &[
+            mode, n, c, h, w, kernel[0], kernel[1], out_hw[0], out_hw[1], stride[0], stride[1],
+            padding[0], padding[1],
+        ],
+        "pool2d size",
+    )?;
+    Ok((meta, outputs))
+}

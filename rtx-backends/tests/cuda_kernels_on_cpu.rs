@@ -555,3 +555,174 @@ fn attention_and_its_gradients_match_the_f64_reference_causal_or_not() {
         }
     }
 }
+
+#[test]
+fn convolution_passes_match_the_f64_reference_with_strides_and_padding() {
+    use rtx_backends::cuda::window::{WINDOW_BLOCK, WINDOW_SOURCE};
+    use rtx_backends::kernel_meta::{ConvPass, ConvShape};
+    let Some(d) = device("convolution_passes_match_the_f64_reference_with_strides_and_padding")
+    else {
+        return;
+    };
+    let ([n, c, h, w], [o, kh, kw], [sh, sw], [ph, pw]) = ([2, 3, 7, 6], [4, 3, 2], [2, 1], [1, 1]);
+    let (oh, ow) = ((h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1);
+    let shape = ConvShape {
+        x: [n, c, h, w],
+        w: [o, c, kh, kw],
+        y: [n, o, oh, ow],
+        stride: [sh, sw],
+        padding: [ph, pw],
+    };
+    let x = random(n * c * h * w, 70);
+    let wt = random(o * c * kh * kw, 71);
+    let g = random(n * o * oh * ow, 72);
+    let (mut y, mut dx, mut dw) = (
+        vec![0f64; n * o * oh * ow],
+        vec![0f64; n * c * h * w],
+        vec![0f64; o * c * kh * kw],
+    );
+    for (b, oc, i, j, ci, ki, kj) in (0..n * o * oh * ow * c * kh * kw).map(|e| {
+        let mut r = e;
+        let mut take = |m: usize| {
+            let v = r % m;
+            r /= m;
+            v
+        };
+        let kj = take(kw);
+        let ki = take(kh);
+        let ci = take(c);
+        let j = take(ow);
+        let i = take(oh);
+        let oc = take(o);
+        (take(n), oc, i, j, ci, ki, kj)
+    }) {
+        let (ih, iw) = (
+            (i * sh + ki) as isize - ph as isize,
+            (j * sw + kj) as isize - pw as isize,
+        );
+        if ih < 0 || iw < 0 || ih >= h as isize || iw >= w as isize {
+            continue;
+        }
+        let xi = ((b * c + ci) * h + ih as usize) * w + iw as usize;
+        let wi = ((oc * c + ci) * kh + ki) * kw + kj;
+        let yi = ((b * o + oc) * oh + i) * ow + j;
+        y[yi] += x[xi] as f64 * wt[wi] as f64;
+        dx[xi] += g[yi] as f64 * wt[wi] as f64;
+        dw[wi] += x[xi] as f64 * g[yi] as f64;
+    }
+    for (pass, a, b, want) in [
+        (ConvPass::Forward, &x, &wt, &y),
+        (ConvPass::GradInput, &g, &wt, &dx),
+        (ConvPass::GradWeight, &x, &g, &dw),
+    ] {
+        let (meta, outputs) = kernel_meta::conv2d(pass, shape).unwrap();
+        assert_eq!(outputs, want.len());
+        let mut got = vec![0f32; outputs];
+        let all = [ptr(&meta), ptr(a), ptr(b), out(&mut got)];
+        let blocks = outputs.div_ceil(WINDOW_BLOCK as usize) as u32;
+        // SAFETY: meta, a, b, out, as the kernel takes them, sized as the meta says.
+        unsafe {
+            d.launch(
+                "rtx_conv2d",
+                WINDOW_SOURCE,
+                "rtx_conv2d",
+                &all,
+                [blocks, 1, 1],
+                [WINDOW_BLOCK, 1, 1],
+            )
+        }
+        .unwrap();
+        for (e, (&a, &b)) in got.iter().zip(want.iter()).enumerate() {
+            assert!((a as f64 - b).abs() < 1e-4, "{pass:?}[{e}]: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn pooling_and_its_gradients_follow_the_cpus_rules() {
+    use rtx_backends::cuda::window::{WINDOW_BLOCK, WINDOW_SOURCE};
+    use rtx_backends::kernel_meta::PoolPass;
+    let Some(d) = device("pooling_and_its_gradients_follow_the_cpus_rules") else {
+        return;
+    };
+    let ([n, c, h, w], k, s, p) = ([2usize, 3, 7, 6], [3usize, 3], [2usize, 2], [1usize, 1]);
+    let (oh, ow) = (
+        (h + 2 * p[0] - k[0]) / s[0] + 1,
+        (w + 2 * p[1] - k[1]) / s[1] + 1,
+    );
+    // Ties (values on a coarse grid) and one NaN.
+    let mut x: Vec<f32> = random(n * c * h * w, 80)
+        .iter()
+        .map(|v| (v * 2.0).round())
+        .collect();
+    x[17] = f32::NAN;
+    let g = random(n * c * oh * ow, 81);
+    let taps = |plane: usize, i: usize, j: usize| {
+        let mut t = Vec::new();
+        for a in 0..k[0] {
+            for b in 0..k[1] {
+                let (ih, iw) = (
+                    (i * s[0] + a) as isize - p[0] as isize,
+                    (j * s[1] + b) as isize - p[1] as isize,
+                );
+                if ih >= 0 && iw >= 0 && (ih as usize) < h && (iw as usize) < w {
+                    t.push(plane * h * w + ih as usize * w + iw as usize);
+                }
+            }
+        }
+        t
+    };
+    let first_max = |t: &[usize]| -> usize {
+        t.iter()
+            .copied()
+            .find(|&i| x[i].is_nan())
+            .unwrap_or_else(|| {
+                let best = t.iter().map(|&i| x[i]).fold(f32::NEG_INFINITY, f32::max);
+                t.iter().copied().find(|&i| x[i] == best).unwrap()
+            })
+    };
+    let (mut max, mut avg) = (vec![0f32; n * c * oh * ow], vec![0f32; n * c * oh * ow]);
+    let (mut dmax, mut davg) = (vec![0f32; n * c * h * w], vec![0f32; n * c * h * w]);
+    for plane in 0..n * c {
+        for i in 0..oh {
+            for j in 0..ow {
+                let o = (plane * oh + i) * ow + j;
+                let t = taps(plane, i, j);
+                let at = first_max(&t);
+                max[o] = x[at];
+                avg[o] = t.iter().map(|&e| x[e]).sum::<f32>() / 9.0;
+                dmax[at] += g[o];
+                for &e in &t {
+                    davg[e] += g[o] / 9.0;
+                }
+            }
+        }
+    }
+    for (pass, a, b, want) in [
+        (PoolPass::Max, &x, &x, &max),
+        (PoolPass::Avg, &x, &x, &avg),
+        (PoolPass::MaxGrad, &x, &g, &dmax),
+        (PoolPass::AvgGrad, &g, &g, &davg),
+    ] {
+        let (meta, outputs) = kernel_meta::pool2d(pass, [n, c, h, w], (k, s, p), [oh, ow]).unwrap();
+        let mut got = vec![0f32; outputs];
+        let all = [ptr(&meta), ptr(a), ptr(b), out(&mut got)];
+        let blocks = outputs.div_ceil(WINDOW_BLOCK as usize) as u32;
+        // SAFETY: meta, a, b, out, as the kernel takes them, sized as the meta says.
+        unsafe {
+            d.launch(
+                "rtx_pool2d",
+                WINDOW_SOURCE,
+                "rtx_pool2d",
+                &all,
+                [blocks, 1, 1],
+                [WINDOW_BLOCK, 1, 1],
+            )
+        }
+        .unwrap();
+        for (e, (&a, &b)) in got.iter().zip(want.iter()).enumerate() {
+            let same = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+            assert!(same, "{pass:?}[{e}]: {a} vs {b}");
+        }
+    }
+}

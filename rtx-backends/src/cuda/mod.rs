@@ -10,7 +10,7 @@
 //!   [`CudaDevice::open`] says what is missing.
 //! - `kernels.rs`: the core ops' own kernels (reductions, gathers, scatters, strided copies),
 //!   the wgpu backend's in CUDA C over the same meta words (`kernel_meta`); `attention.rs`
-//!   the attention forward and backward kernels.
+//!   the attention forward and backward kernels, `window.rs` convolution and pooling.
 //! - `on_cpu.rs`: the same kernels built for this CPU by a C++ compiler and run thread by
 //!   thread, so tests check the CUDA text's values without a GPU.
 //!
@@ -30,6 +30,7 @@ pub mod attention;
 pub mod kernels;
 pub mod on_cpu;
 mod runtime;
+pub mod window;
 pub use kernels::CudaView;
 pub use runtime::{Arg, CudaBuffer, CudaDevice, CudaKernel, GemmShape, cuda_available};
 

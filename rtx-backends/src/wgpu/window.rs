@@ -1,14 +1,15 @@
 //! Convolution and pooling on the wgpu backend, over contiguous NCHW tensors, one thread per
 //! output value (direct loops over the taps; a tiled implicit GEMM is the faster schedule).
 
-use super::kernels::words;
 use super::{GpuBuffer, WgpuDevice, grid};
 use crate::gpu_error::{GpuError, Result};
+use crate::kernel_meta;
+pub use crate::kernel_meta::{ConvPass, ConvShape, PoolPass};
 
 /// The three passes of a 2-D convolution over contiguous NCHW tensors, one thread per output
 /// value summing its taps directly (mode 0: `y` from `x` and `w`; 1: the input gradient from
 /// `g` and `w`; 2: the weight gradient from `x` and `g`). Meta: `[mode, N, C, H, W, O, KH,
-/// KW, OH, OW, stride_h, stride_w, pad_h, pad_w]`.
+/// KW, OH, OW, stride_h, stride_w, pad_h, pad_w]` (`kernel_meta::conv2d`).
 const CONV2D: &str = r#"
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
@@ -73,27 +74,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 }
 "#;
 
-/// Which pass of a convolution [`WgpuDevice::conv2d`] computes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConvPass {
-    /// `y = conv(x, w)`: operands x, w.
-    Forward,
-    /// The input gradient: operands g, w.
-    GradInput,
-    /// The weight gradient: operands x, g.
-    GradWeight,
-}
-
-/// The sizes of a 2-D convolution: x `[N, C, H, W]`, w `[O, C, KH, KW]`, y `[N, O, OH, OW]`.
-#[derive(Clone, Copy, Debug)]
-pub struct ConvShape {
-    pub x: [usize; 4],
-    pub w: [usize; 4],
-    pub y: [usize; 4],
-    pub stride: [usize; 2],
-    pub padding: [usize; 2],
-}
-
 impl WgpuDevice {
     /// One pass of a convolution over contiguous operands `a` and `b` (see [`ConvPass`]) into
     /// the contiguous `out`.
@@ -105,45 +85,16 @@ impl WgpuDevice {
         b: &GpuBuffer,
         out: &GpuBuffer,
     ) -> Result<()> {
-        let ([n, c, h, w], [o, _, kh, kw], [_, _, oh, ow]) = (s.x, s.w, s.y);
-        let outputs = match pass {
-            ConvPass::Forward => n * o * oh * ow,
-            ConvPass::GradInput => n * c * h * w,
-            ConvPass::GradWeight => o * c * kh * kw,
-        };
+        let (meta, outputs) = kernel_meta::conv2d(pass, s)?;
         if outputs == 0 {
             return Ok(());
         }
-        if s.stride.contains(&0) || out.len() < outputs {
+        if out.len() < outputs {
             return Err(GpuError::Call(format!(
                 "conv2d of {s:?} into {} values",
                 out.len()
             )));
         }
-        let mode = match pass {
-            ConvPass::Forward => 0,
-            ConvPass::GradInput => 1,
-            ConvPass::GradWeight => 2,
-        };
-        let meta = words(
-            &[
-                mode,
-                n,
-                c,
-                h,
-                w,
-                o,
-                kh,
-                kw,
-                oh,
-                ow,
-                s.stride[0],
-                s.stride[1],
-                s.padding[0],
-                s.padding[1],
-            ],
-            "conv2d size",
-        )?;
         let groups = grid(
             outputs,
             256,
@@ -243,17 +194,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 }
 "#;
 
-/// Which pooling pass [`WgpuDevice::pool2d`] computes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PoolPass {
-    Max,
-    Avg,
-    /// Operands x and g.
-    MaxGrad,
-    /// Operand g.
-    AvgGrad,
-}
-
 impl WgpuDevice {
     /// One pooling pass over contiguous operands: `x` is `[N, C, H, W]`, `kernel`, `stride`
     /// and `padding` PyTorch's, `out_hw` the output plane; `b` is read by `MaxGrad` only.
@@ -268,33 +208,17 @@ impl WgpuDevice {
         b: &GpuBuffer,
         out: &GpuBuffer,
     ) -> Result<()> {
-        let [n, c, h, w] = x_shape;
-        let outputs = match pass {
-            PoolPass::Max | PoolPass::Avg => n * c * out_hw[0] * out_hw[1],
-            PoolPass::MaxGrad | PoolPass::AvgGrad => n * c * h * w,
-        };
+        let (meta, outputs) =
+            kernel_meta::pool2d(pass, x_shape, (kernel, stride, padding), out_hw)?;
         if outputs == 0 {
             return Ok(());
         }
-        if stride.contains(&0) || out.len() < outputs {
+        if out.len() < outputs {
             return Err(GpuError::Call(format!(
                 "pool2d of {x_shape:?} with stride {stride:?} into {} values",
                 out.len()
             )));
         }
-        let mode = match pass {
-            PoolPass::Max => 0,
-            PoolPass::Avg => 1,
-            PoolPass::MaxGrad => 2,
-            PoolPass::AvgGrad => 3,
-        };
-        let meta = words(
-            &[
-                mode, n, c, h, w, kernel[0], kernel[1], out_hw[0], out_hw[1], stride[0], stride[1],
-                padding[0], padding[1],
-            ],
-            "pool2d size",
-        )?;
         let groups = grid(
             outputs,
             256,
