@@ -106,6 +106,7 @@ fn the_runtimes_core_op_kernels_compile_to_an_sm_90_cubin() {
         "rtx_copy_into",
         "rtx_scatter_first",
         "rtx_optimizer_step",
+        "rtx_top_k",
     ] {
         assert!(
             compiled.ptx.contains(&format!(".entry {entry}(")),

@@ -726,3 +726,63 @@ fn pooling_and_its_gradients_follow_the_cpus_rules() {
         }
     }
 }
+
+#[test]
+fn top_k_picks_nan_first_then_larger_then_earlier_and_routes_its_gradient() {
+    let Some(d) = device("top_k_picks_nan_first_then_larger_then_earlier_and_routes_its_gradient")
+    else {
+        return;
+    };
+    let (rows, n, k) = (9usize, 13usize, 5usize);
+    let mut x: Vec<f32> = random(rows * n, 90)
+        .iter()
+        .map(|v| (v * 2.0).round())
+        .collect();
+    x[3] = f32::NAN;
+    x[n + 7] = f32::NAN;
+    let meta = kernel_meta::words(&[0, rows, n, k], "size").unwrap();
+    let (mut values, mut positions) = (vec![0f32; rows * k], vec![0u32; rows * k]);
+    run(
+        &d,
+        "rtx_top_k",
+        &meta,
+        &[ptr(&x), ptr(&x), out(&mut values), out(&mut positions)],
+        rows,
+    );
+    let g = random(rows * k, 91);
+    let meta = kernel_meta::words(&[1, rows, n, k], "size").unwrap();
+    let (mut grad, mut unused) = (vec![7f32; rows * n], vec![0u32; 1]);
+    run(
+        &d,
+        "rtx_top_k",
+        &meta,
+        &[ptr(&x), ptr(&g), out(&mut grad), out(&mut unused)],
+        rows,
+    );
+    for r in 0..rows {
+        let row = &x[r * n..][..n];
+        let mut order: Vec<usize> = (0..n).collect();
+        // NaN first, then larger, then earlier: a stable sort on that key.
+        order.sort_by(|&a, &b| {
+            let (va, vb) = (row[a], row[b]);
+            vb.is_nan()
+                .cmp(&va.is_nan())
+                .then(vb.partial_cmp(&va).unwrap_or(std::cmp::Ordering::Equal))
+        });
+        for t in 0..k {
+            assert_eq!(positions[r * k + t] as usize, order[t], "row {r} pick {t}");
+            let (got, want) = (values[r * k + t], row[order[t]]);
+            assert!(
+                got == want || (got.is_nan() && want.is_nan()),
+                "row {r} pick {t}"
+            );
+        }
+        for j in 0..n {
+            let want = order[..k]
+                .iter()
+                .position(|&p| p == j)
+                .map_or(0.0, |t| g[r * k + t]);
+            assert_eq!(grad[r * n + j], want, "gradient ({r}, {j})");
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! The CUDA runtime's own kernels for the core ops that are not pointwise (those come from
 //! `rtx_ir::emit`): reductions over any set of axes, the gathers and scatters of `Pick`,
-//! embeddings and their gradients, the max gradient's scatter, strided copies and the
-//! optimizer step. They are
+//! embeddings and their gradients, the max gradient's scatter, strided copies, top-k and
+//! the optimizer step. They are
 //! the wgpu backend's kernels (`wgpu/kernels.rs`) spelled in CUDA C, reading the same meta
 //! words (`kernel_meta`), so both targets compute the same values in the same order.
 //!
@@ -173,6 +173,49 @@ extern "C" __global__ void rtx_optimizer_step(const unsigned int* prm, float* p,
         x = x - lr * (gi0 + wd * x);
     }
     p[i] = x;
+}
+
+// Whether element i (value a) comes before element j (value b): NaN first, then larger,
+// then earlier.
+__device__ __forceinline__ bool rtx_before(float a, unsigned int i, float b, unsigned int j) {
+    const bool an = a != a, bn = b != b;
+    if (an != bn) return an;
+    if (!an && a != b) return a > b;
+    return i < j;
+}
+
+// Top-k along the last axis of contiguous [rows, n] values, one thread per row: pick t is the
+// first element in rtx_before's order after pick t - 1 (O(k n), no sort buffer). Mode 0
+// writes values to out [rows, k] and positions to idx [rows, k]; mode 1 the gradient
+// out [rows, n]: zeros with g [rows, k] at the picked positions. Meta: [mode, rows, n, k].
+extern "C" __global__ void rtx_top_k(const unsigned int* prm, const float* x, const float* g,
+                                     float* out, unsigned int* idx) {
+    const unsigned int r = RTX_INDEX;
+    const unsigned int mode = prm[0], n = prm[2], k = prm[3];
+    if (r >= prm[1]) return;
+    const unsigned int base = r * n;
+    if (mode == 1u) {
+        for (unsigned int j = 0u; j < n; ++j) out[base + j] = 0.0f;
+    }
+    unsigned int prev = 0u;
+    float prev_v = 0.0f;
+    for (unsigned int t = 0u; t < k; ++t) {
+        unsigned int best = n;
+        float best_v = 0.0f;
+        for (unsigned int j = 0u; j < n; ++j) {
+            const float v = x[base + j];
+            if (t > 0u && !rtx_before(prev_v, prev, v, j)) continue;
+            if (best == n || rtx_before(v, j, best_v, best)) { best = j; best_v = v; }
+        }
+        prev = best;
+        prev_v = best_v;
+        if (mode == 0u) {
+            out[r * k + t] = best_v;
+            idx[r * k + t] = best;
+        } else {
+            out[base + best] = g[r * k + t];
+        }
+    }
 }
 "#;
 
@@ -374,4 +417,60 @@ impl CudaDevice {
             BLOCK,
         )
     }
+
+    /// The `k` largest of each contiguous row of `n` values (NaN first, ties to the earlier)
+    /// into `values` and `positions` (`[rows, k]` each), `k <= n`.
+    pub fn top_k(
+        &self,
+        x: &CudaBuffer<f32>,
+        (rows, n, k): (usize, usize, usize),
+        values: &mut CudaBuffer<f32>,
+        positions: &mut CudaBuffer<u32>,
+    ) -> Result<()> {
+        let meta = top_k_meta(0, rows, n, k)?;
+        self.run_kernel(
+            &kernel("rtx_top_k"),
+            &meta,
+            &mut [
+                Arg::In(x),
+                Arg::In(x),
+                Arg::Out(values),
+                Arg::IndexOut(positions),
+            ],
+            rows,
+            BLOCK,
+        )
+    }
+
+    /// The gradient of [`CudaDevice::top_k`]: `out [rows, n]` zeros with `g [rows, k]` at
+    /// the positions top-k picks from `x`.
+    pub fn top_k_grad(
+        &self,
+        x: &CudaBuffer<f32>,
+        g: &CudaBuffer<f32>,
+        (rows, n, k): (usize, usize, usize),
+        out: &mut CudaBuffer<f32>,
+    ) -> Result<()> {
+        let meta = top_k_meta(1, rows, n, k)?;
+        let mut unused = self.zeros::<u32>(1)?;
+        self.run_kernel(
+            &kernel("rtx_top_k"),
+            &meta,
+            &mut [
+                Arg::In(x),
+                Arg::In(g),
+                Arg::Out(out),
+                Arg::IndexOut(&mut unused),
+            ],
+            rows,
+            BLOCK,
+        )
+    }
+}
+
+fn top_k_meta(mode: usize, rows: usize, n: usize, k: usize) -> Result<Vec<u32>> {
+    if k > n {
+        return Err(GpuError::Call(format!("top-{k} of rows of {n}")));
+    }
+    kernel_meta::words(&[mode, rows, n, k], "top-k size")
 }

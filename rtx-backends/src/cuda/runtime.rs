@@ -65,6 +65,8 @@ pub enum Arg<'a> {
     Index(&'a CudaBuffer<u32>),
     /// Values the kernel writes.
     Out(&'a mut CudaBuffer<f32>),
+    /// u32 indices the kernel writes.
+    IndexOut(&'a mut CudaBuffer<u32>),
 }
 
 /// A row-major product `C[m, n] = A[m, k] @ B[k, n]` for cuBLAS, `batches` times with the
@@ -330,6 +332,7 @@ impl CudaDevice {
                 Arg::In(b) => launch.arg(&b.slice),
                 Arg::Index(b) => launch.arg(&b.slice),
                 Arg::Out(b) => launch.arg(&mut b.slice),
+                Arg::IndexOut(b) => launch.arg(&mut b.slice),
             };
         }
         // SAFETY: the kernel takes exactly these pointers (meta, then `args`) with these
