@@ -257,3 +257,186 @@ fn the_core_op_kernels_run_on_the_device_through_their_meta_words() {
         assert_eq!(value, x[7 + i + 3 * j + 12 * k], "element {e}");
     }
 }
+
+/// The same kernel text on the CPU (`on_cpu`), for comparing the device's results with.
+fn on_cpu(test: &str) -> Option<rtx_backends::cuda::on_cpu::CudaOnCpu> {
+    match rtx_backends::cuda::on_cpu::CudaOnCpu::open() {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("skipped: {test}: {e}");
+            None
+        }
+    }
+}
+
+fn close(device: &[f32], cpu: &[f32], what: &str) {
+    for (e, (&a, &b)) in device.iter().zip(cpu).enumerate() {
+        let same = (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-4 * (1.0 + b.abs());
+        assert!(same, "{what}[{e}]: device {a}, cpu {b}");
+    }
+}
+
+#[test]
+fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_the_cpu() {
+    use rtx_backends::cuda::attention::{ATTENTION_BLOCK, ATTENTION_SOURCE};
+    use rtx_backends::cuda::kernels::{BLOCK, SOURCE};
+    use rtx_backends::cuda::window::{WINDOW_BLOCK, WINDOW_SOURCE};
+    use rtx_backends::kernel_meta::{self, AttentionShape, ConvPass, ConvShape, PoolPass};
+    use std::ffi::c_void;
+    let test =
+        "attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_the_cpu";
+    let Some(d) = device(test) else { return };
+    let Some(cpu) = on_cpu(test) else { return };
+    let p = |v: &[f32]| v.as_ptr() as *mut c_void;
+    let run_cpu =
+        |source: &str, entry: &str, params: &[*mut c_void], threads: usize, block: u32| {
+            let blocks = threads.div_ceil(block as usize) as u32;
+            // SAFETY: each call passes the kernel's parameters in order, sized as its meta says.
+            unsafe { cpu.launch(entry, source, entry, params, [blocks, 1, 1], [block, 1, 1]) }
+                .unwrap();
+        };
+
+    // Causal attention, [S, T, D] = [6, 33, 32], forward and gradients.
+    let shape = AttentionShape {
+        slices: 6,
+        queries: 33,
+        keys: 33,
+        head: 32,
+        value_head: 32,
+        causal: true,
+    };
+    let n = 6 * 33 * 32;
+    let (q, k, v, g) = (random(n, 11), random(n, 12), random(n, 13), random(n, 14));
+    let b = |x: &[f32]| d.upload(x).unwrap();
+    let (bq, bk, bv, bg) = (b(&q), b(&k), b(&v), b(&g));
+    let mut out = d.zeros::<f32>(n).unwrap();
+    d.attention(shape, [&bq, &bk, &bv], &mut out).unwrap();
+    let mut grads = d.zeros::<f32>(3 * n).unwrap();
+    d.attention_grad(shape, [&bq, &bk, &bv, &bg], &mut grads)
+        .unwrap();
+    let meta = shape.meta().unwrap();
+    let (mut o, mut stats, mut gr) = (vec![0f32; n], vec![0f32; 6 * 33 * 3], vec![0f32; 3 * n]);
+    let mp = meta.as_ptr() as *mut c_void;
+    run_cpu(
+        ATTENTION_SOURCE,
+        "rtx_attention",
+        &[mp, p(&q), p(&k), p(&v), o.as_mut_ptr().cast()],
+        198,
+        ATTENTION_BLOCK,
+    );
+    run_cpu(
+        ATTENTION_SOURCE,
+        "rtx_attention_grad_q",
+        &[
+            mp,
+            p(&q),
+            p(&k),
+            p(&v),
+            p(&g),
+            stats.as_mut_ptr().cast(),
+            gr.as_mut_ptr().cast(),
+        ],
+        198,
+        ATTENTION_BLOCK,
+    );
+    run_cpu(
+        ATTENTION_SOURCE,
+        "rtx_attention_grad_kv",
+        &[
+            mp,
+            p(&q),
+            p(&k),
+            p(&v),
+            p(&g),
+            p(&stats),
+            gr.as_mut_ptr().cast(),
+        ],
+        198,
+        ATTENTION_BLOCK,
+    );
+    close(&d.read(&out).unwrap(), &o, "attention");
+    close(&d.read(&grads).unwrap(), &gr, "attention gradients");
+
+    // A strided, padded convolution and a max pool.
+    let cs = ConvShape {
+        x: [2, 3, 9, 8],
+        w: [5, 3, 3, 3],
+        y: [2, 5, 5, 8],
+        stride: [2, 1],
+        padding: [1, 1],
+    };
+    let (x, w) = (random(2 * 3 * 9 * 8, 15), random(5 * 3 * 3 * 3, 16));
+    let (bx, bw) = (b(&x), b(&w));
+    let mut y = d.zeros::<f32>(2 * 5 * 5 * 8).unwrap();
+    d.conv2d(ConvPass::Forward, cs, &bx, &bw, &mut y).unwrap();
+    let (meta, outputs) = kernel_meta::conv2d(ConvPass::Forward, cs).unwrap();
+    let mut yc = vec![0f32; outputs];
+    run_cpu(
+        WINDOW_SOURCE,
+        "rtx_conv2d",
+        &[
+            meta.as_ptr() as *mut c_void,
+            p(&x),
+            p(&w),
+            yc.as_mut_ptr().cast(),
+        ],
+        outputs,
+        WINDOW_BLOCK,
+    );
+    close(&d.read(&y).unwrap(), &yc, "conv2d");
+    let window = ([3, 3], [2, 2], [1, 1]);
+    let mut pooled = d.zeros::<f32>(2 * 3 * 5 * 4).unwrap();
+    d.pool2d(
+        PoolPass::Max,
+        [2, 3, 9, 8],
+        window,
+        [5, 4],
+        &bx,
+        &bx,
+        &mut pooled,
+    )
+    .unwrap();
+    let (meta, outputs) = kernel_meta::pool2d(PoolPass::Max, [2, 3, 9, 8], window, [5, 4]).unwrap();
+    let mut pc = vec![0f32; outputs];
+    run_cpu(
+        WINDOW_SOURCE,
+        "rtx_pool2d",
+        &[
+            meta.as_ptr() as *mut c_void,
+            p(&x),
+            p(&x),
+            pc.as_mut_ptr().cast(),
+        ],
+        outputs,
+        WINDOW_BLOCK,
+    );
+    close(&d.read(&pooled).unwrap(), &pc, "max pool");
+
+    // Top-5 of rows of 40.
+    let (rows, cols, top) = (24usize, 40usize, 5usize);
+    let t = random(rows * cols, 17);
+    let bt = b(&t);
+    let (mut values, mut positions) = (
+        d.zeros::<f32>(rows * top).unwrap(),
+        d.zeros::<u32>(rows * top).unwrap(),
+    );
+    d.top_k(&bt, (rows, cols, top), &mut values, &mut positions)
+        .unwrap();
+    let meta = kernel_meta::words(&[0, rows, cols, top], "size").unwrap();
+    let (mut vc, mut pcs) = (vec![0f32; rows * top], vec![0u32; rows * top]);
+    run_cpu(
+        SOURCE,
+        "rtx_top_k",
+        &[
+            meta.as_ptr() as *mut c_void,
+            p(&t),
+            p(&t),
+            vc.as_mut_ptr().cast(),
+            pcs.as_mut_ptr().cast(),
+        ],
+        rows,
+        BLOCK,
+    );
+    close(&d.read(&values).unwrap(), &vc, "top-k values");
+    assert_eq!(d.read(&positions).unwrap(), pcs, "top-k positions");
+}
