@@ -66,6 +66,8 @@ step wgpu_unit "$BIN/test_wgpu" --nocapture
 step wgpu_ops env RTX_TEST_DEVICE=wgpu "$BIN/test_backend_vs_reference"
 step wgpu_kernels "$BIN/test_wgpu_kernels" --nocapture
 step wgpu_training "$BIN/test_wgpu_training" --nocapture
+# Where a GPT training step's time goes on the wgpu adapter (each step synchronized).
+step wgpu_gpt_profile env RTX_PROFILE=1 "$BIN/models" train --model gpt --device wgpu --steps 3 --eval-every 3 --eval-batches 1
 step bench_cuda "$BIN/models" bench --filter cuda
 step bench_vs_torch env PYTHONUNBUFFERED=1 python3 scripts/bench_gpu_peers.py --rtx-bin "$BIN/models"
 echo "--- benchmarks"

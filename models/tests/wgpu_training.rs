@@ -320,3 +320,46 @@ fn gpt_training_steps_on_wgpu_follow_the_cpu_and_save_a_loadable_checkpoint() {
     assert_eq!(loaded.named_params()[0].1.device(), dev);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Profiles one forward pass of the MLP on the device and prints the table; run alone in a
+/// child process by the test below, so no other test's calls land in the table.
+#[test]
+#[ignore = "run as a child process by profiling_a_call_on_wgpu_times_each_of_its_steps"]
+fn profile_one_mlp_forward_pass_on_wgpu() {
+    let Some(dev) = device("profile_one_mlp_forward_pass_on_wgpu") else {
+        return;
+    };
+    let mut rng = Rng::new(12);
+    let mut gpu = Mlp::init(4);
+    gpu.to(&dev).unwrap();
+    let x = random(&[16, 64], &mut rng).to(&dev).unwrap();
+    rtx_core::profile::set_enabled(true);
+    gpu.forward(&x).unwrap();
+    rtx_core::profile::set_enabled(false);
+    if let Some(table) = rtx_core::profile::report(1) {
+        println!("{table}");
+    }
+}
+
+#[test]
+fn profiling_a_call_on_wgpu_times_each_of_its_steps() {
+    let test = "profiling_a_call_on_wgpu_times_each_of_its_steps";
+    if device(test).is_none() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "profile_one_mlp_forward_pass_on_wgpu",
+            "--nocapture",
+        ])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    // The MLP's forward pass on the device: its GEMMs with their epilogues, by node.
+    assert!(table.contains("profile:"), "no table: {table}");
+    assert!(table.contains("matmul_fused fwd"), "{table}");
+    assert!(table.contains("(forward)"), "{table}");
+}

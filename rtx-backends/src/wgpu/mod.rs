@@ -193,6 +193,15 @@ impl WgpuDevice {
         self.uncaught()
     }
 
+    /// Submits every recorded command and waits until the device has run them all.
+    pub fn finish(&self) -> Result<()> {
+        self.submit()?;
+        self.device
+            .poll(::wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Call(e.to_string()))?;
+        Ok(())
+    }
+
     /// The adapter's name and backend, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)`.
     pub fn describe(&self) -> String {
         format!("{} ({:?})", self.info.name, self.info.backend)

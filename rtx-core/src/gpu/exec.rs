@@ -213,13 +213,62 @@ fn run(
             v.slots[id] = Some((*t).clone());
         }
     }
+    let profiling = crate::profile::enabled();
+    let call = if backward { "and_grads" } else { "forward" };
     for (i, step) in plan.steps.iter().enumerate() {
-        run_step(&mut v, step, plan.kernels[i].as_ref(), ctx)?;
+        if profiling {
+            // Each step waits for the device before and after, so its time is its kernels'.
+            sync(device)?;
+            let start = std::time::Instant::now();
+            run_step(&mut v, step, plan.kernels[i].as_ref(), ctx)?;
+            sync(device)?;
+            let (kind, node) = step_kind(step);
+            let flops = step_flops(&v, step);
+            crate::profile::record_step(Some((f, call)), kind, node, start.elapsed(), flops);
+        } else {
+            run_step(&mut v, step, plan.kernels[i].as_ref(), ctx)?;
+        }
         for &id in &plan.frees[i] {
             v.slots[id] = None;
         }
     }
     Ok(v)
+}
+
+/// Waits for everything queued on `device` (for `RTX_PROFILE`'s per-step times).
+fn sync(device: &Device) -> Result<()> {
+    match device {
+        Device::Wgpu(d) => Ok(d.finish()?),
+        Device::Cpu => Ok(()),
+    }
+}
+
+/// The profile's name for a step and the node it is filed under (the CPU's names, so the
+/// two tables read alike).
+fn step_kind(step: &Step) -> (&'static str, NodeId) {
+    match step {
+        Step::Kernel(n) => ("kernel", *n),
+        Step::Fused { outputs, .. } => ("fused", outputs.first().copied().unwrap_or(0)),
+        Step::Rows { outputs, .. } => ("rows", outputs.first().copied().unwrap_or(0)),
+        Step::MatMulEpilogue { matmul, .. } => ("matmul_fused", *matmul),
+        Step::MatMulRowSums { matmul, .. } => ("matmul_row_sums", *matmul),
+    }
+}
+
+/// `2 m n k` for a step that multiplies matrices (its product's numel times the left
+/// operand's last axis), else 0.
+fn step_flops(v: &Values, step: &Step) -> u64 {
+    let matmul = match step {
+        Step::MatMulEpilogue { matmul, .. } | Step::MatMulRowSums { matmul, .. } => *matmul,
+        Step::Kernel(n) if matches!(v.f.graph.node(*n).op, Op::MatMul) => *n,
+        _ => return 0,
+    };
+    let node = v.f.graph.node(matmul);
+    let (Ok(out), Some(Ok(a))) = (v.shape(matmul), node.args.first().map(|&a| v.shape(a))) else {
+        return 0;
+    };
+    let k = a.last().copied().unwrap_or(0);
+    2 * (out.iter().product::<usize>() * k) as u64
 }
 
 fn run_step(
