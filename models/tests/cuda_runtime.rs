@@ -6,6 +6,7 @@
 //! `scripts/gpu_check.sh`, makes that a failure).
 #![cfg(feature = "cuda")]
 
+#[macro_use]
 mod kernel_checks;
 
 use kernel_checks::KernelDevice;
@@ -66,39 +67,4 @@ impl KernelDevice for CudaDevice {
     }
 }
 
-#[test]
-fn every_fused_cuda_kernel_of_every_model_matches_the_cpu_at_f32() {
-    let test = "every_fused_cuda_kernel_of_every_model_matches_the_cpu_at_f32";
-    let Some(d) = device(test) else { return };
-    kernel_checks::fused_kernels_match(&d, test, Rounding::NONE, false);
-}
-
-#[test]
-fn every_rounding_cuda_kernel_of_every_model_rounds_to_bf16_and_f16_bit_for_bit() {
-    let test = "every_rounding_cuda_kernel_of_every_model_rounds_to_bf16_and_f16_bit_for_bit";
-    let Some(d) = device(test) else { return };
-    for to in [HalfType::Bf16, HalfType::F16] {
-        kernel_checks::fused_kernels_match(&d, test, Rounding::new(to, 1024.0), true);
-    }
-}
-
-#[test]
-fn every_pointwise_function_of_the_cuda_prelude_matches_the_cpu() {
-    let test = "every_pointwise_function_of_the_cuda_prelude_matches_the_cpu";
-    let Some(d) = device(test) else { return };
-    kernel_checks::prelude_functions_match(&d);
-}
-
-#[test]
-fn every_row_group_cuda_kernel_of_every_model_matches_the_cpu_at_f32() {
-    let test = "every_row_group_cuda_kernel_of_every_model_matches_the_cpu_at_f32";
-    let Some(d) = device(test) else { return };
-    kernel_checks::row_kernels_match(&d, test);
-}
-
-#[test]
-fn a_cuda_kernel_reads_a_transposed_input_at_an_offset_through_its_strides() {
-    let test = "a_cuda_kernel_reads_a_transposed_input_at_an_offset_through_its_strides";
-    let Some(d) = device(test) else { return };
-    kernel_checks::transposed_input_is_read_through_its_strides(&d);
-}
+kernel_check_tests!(device);

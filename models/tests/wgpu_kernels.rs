@@ -5,6 +5,7 @@
 //! (`RTX_REQUIRE_WGPU=1`, as in CI, makes that a failure).
 #![cfg(feature = "wgpu")]
 
+#[macro_use]
 mod kernel_checks;
 
 use kernel_checks::KernelDevice;
@@ -65,39 +66,4 @@ impl KernelDevice for WgpuDevice {
     }
 }
 
-#[test]
-fn every_fused_kernel_of_every_model_matches_the_cpu_at_f32() {
-    let test = "every_fused_kernel_of_every_model_matches_the_cpu_at_f32";
-    let Some(d) = device(test) else { return };
-    kernel_checks::fused_kernels_match(&d, test, Rounding::NONE, false);
-}
-
-#[test]
-fn every_rounding_kernel_of_every_model_rounds_to_bf16_and_f16_bit_for_bit() {
-    let test = "every_rounding_kernel_of_every_model_rounds_to_bf16_and_f16_bit_for_bit";
-    let Some(d) = device(test) else { return };
-    for to in [HalfType::Bf16, HalfType::F16] {
-        kernel_checks::fused_kernels_match(&d, test, Rounding::new(to, 1024.0), true);
-    }
-}
-
-#[test]
-fn every_pointwise_function_of_the_wgsl_prelude_matches_the_cpu() {
-    let test = "every_pointwise_function_of_the_wgsl_prelude_matches_the_cpu";
-    let Some(d) = device(test) else { return };
-    kernel_checks::prelude_functions_match(&d);
-}
-
-#[test]
-fn every_row_group_kernel_of_every_model_matches_the_cpu_at_f32() {
-    let test = "every_row_group_kernel_of_every_model_matches_the_cpu_at_f32";
-    let Some(d) = device(test) else { return };
-    kernel_checks::row_kernels_match(&d, test);
-}
-
-#[test]
-fn a_pointwise_kernel_reads_a_transposed_input_at_an_offset_through_its_strides() {
-    let test = "a_pointwise_kernel_reads_a_transposed_input_at_an_offset_through_its_strides";
-    let Some(d) = device(test) else { return };
-    kernel_checks::transposed_input_is_read_through_its_strides(&d);
-}
+kernel_check_tests!(device);

@@ -15,6 +15,50 @@ use rtx_core::ir::emit::{Meta, POINTWISE_GROUP, ROWS_GROUP, Target, fused_kernel
 use rtx_core::ir::fusion::{Instr, Operand, Pointwise, RowInstr, RowReduce, Step, rounding_only};
 use rtx_core::ir::{Cmp, Graph, ModelIr, NodeId};
 
+/// The five checks as `#[test]`s of the file that invokes it, each taking its device from
+/// `$device(test_name) -> Option<D>` (which prints why it skipped when it gives `None`).
+macro_rules! kernel_check_tests {
+    ($device:ident) => {
+        #[test]
+        fn every_fused_kernel_of_every_model_matches_the_cpu_at_f32() {
+            let test = "every_fused_kernel_of_every_model_matches_the_cpu_at_f32";
+            let Some(d) = $device(test) else { return };
+            kernel_checks::fused_kernels_match(&d, test, Rounding::NONE, false);
+        }
+
+        #[test]
+        fn every_rounding_kernel_of_every_model_rounds_to_bf16_and_f16_bit_for_bit() {
+            let test = "every_rounding_kernel_of_every_model_rounds_to_bf16_and_f16_bit_for_bit";
+            let Some(d) = $device(test) else { return };
+            for to in [HalfType::Bf16, HalfType::F16] {
+                kernel_checks::fused_kernels_match(&d, test, Rounding::new(to, 1024.0), true);
+            }
+        }
+
+        #[test]
+        fn every_pointwise_function_of_the_prelude_matches_the_cpu() {
+            let test = "every_pointwise_function_of_the_prelude_matches_the_cpu";
+            let Some(d) = $device(test) else { return };
+            kernel_checks::prelude_functions_match(&d);
+        }
+
+        #[test]
+        fn every_row_group_kernel_of_every_model_matches_the_cpu_at_f32() {
+            let test = "every_row_group_kernel_of_every_model_matches_the_cpu_at_f32";
+            let Some(d) = $device(test) else { return };
+            kernel_checks::row_kernels_match(&d, test);
+        }
+
+        #[test]
+        fn a_pointwise_kernel_reads_a_transposed_input_at_an_offset_through_its_strides() {
+            let test =
+                "a_pointwise_kernel_reads_a_transposed_input_at_an_offset_through_its_strides";
+            let Some(d) = $device(test) else { return };
+            kernel_checks::transposed_input_is_read_through_its_strides(&d);
+        }
+    };
+}
+
 /// A device that runs emitted kernels (parameters: meta words, inputs, outputs).
 pub trait KernelDevice {
     type Buffer;
