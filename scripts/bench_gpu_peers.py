@@ -8,7 +8,13 @@ prints one markdown table with the ratios, plus the issue's GPU bars:
 
 - bf16 GEMM at n = 4096: rtx (cuBLAS through `CudaDevice::gemm_bf16`) against `torch.matmul`
   on bfloat16 tensors, at least 0.9x;
-- the fused elementwise chain at least 0.8x of the copy bandwidth measured in the same run.
+- the fused elementwise chain at least 0.8x of the copy bandwidth measured in the same run;
+- the GPT training step at least 1.5x faster than PyTorch eager.
+
+Training steps (`cuda_mlp_step`: the digits MLP, batch 256; `cuda_gpt_step`: the GPT of
+`scripts/gpt_torch.py`, batch 32) are timed on the host from the call until the device is
+idle again (`torch.cuda.synchronize()` after each step; rtx's `Gpu::finish`), median of the
+timed steps, in PyTorch eagerly and under `torch.compile`.
 
 f32 products run at full f32 on both sides (`torch.backends.cuda.matmul.allow_tf32 = False`,
 cuBLAS's default math mode in rtx). The chain runs in PyTorch eagerly (five kernels) and under
@@ -18,8 +24,11 @@ cuBLAS's default math mode in rtx). The chain runs in PyTorch eagerly (five kern
 """
 
 import argparse
+import os
+import statistics
 import subprocess
 import sys
+import time
 
 REPS = 10
 ROUNDS = 15
@@ -39,7 +48,7 @@ def run_rtx(binary):
             continue
         fields = dict(kv.split("=", 1) for kv in line.split())
         name = fields.pop("bench")
-        config = " ".join(f"{k}={fields[k]}" for k in ("dtype", "n") if k in fields)
+        config = " ".join(f"{k}={fields[k]}" for k in ("dtype", "n", "batch") if k in fields)
         results[(name, config)] = fields
     return results
 
@@ -60,6 +69,83 @@ def measure(torch, work):
         samples.append(start.elapsed_time(end) * 1e3 / REPS)
     samples.sort()
     return samples[len(samples) // 2], samples[0]
+
+
+def host_steps(torch, step, warmup, iters):
+    """Median and minimum microseconds of `step` from its call until the device is idle."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t) * 1e6)
+    return statistics.median(samples), min(samples)
+
+
+def torch_steps(torch, dev, results):
+    """The MLP and GPT training steps of `models bench --filter cuda_`, eager and compiled."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gpt_torch
+
+    def mlp_step(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randn(256, 64, device=dev)
+        y = torch.randint(0, 10, (256,), device=dev)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        return step
+
+    def gpt_step(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+        idx = torch.randint(0, gpt_torch.VOCAB, (32, gpt_torch.CONTEXT + 1), device=dev)
+        x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+        loss = model.loss
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss(x, y).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+
+        return step
+
+    def mlp():
+        return nn.Sequential(
+            nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.3), nn.Linear(128, 10)
+        ).to(dev).train()
+
+    for name, make, build, batch in (
+        ("cuda_mlp_step", mlp, mlp_step, 256),
+        ("cuda_gpt_step", lambda: gpt_torch.Gpt().to(dev).train(), gpt_step, 32),
+    ):
+        for mode in ("eager", "compiled"):
+            model = make()
+            if mode == "compiled":
+                try:
+                    if name == "cuda_mlp_step":
+                        model = torch.compile(model)
+                    else:
+                        model.loss = torch.compile(model.loss)
+                except Exception as e:  # noqa: BLE001
+                    print(f"# torch.compile unavailable for {name}: {e}")
+                    continue
+            try:
+                med, low = host_steps(torch, build(model), 20, 200)
+            except Exception as e:  # noqa: BLE001
+                print(f"# {name} ({mode}) failed: {e}")
+                continue
+            key = name if mode == "eager" else name + "_compiled"
+            results[(key, f"batch={batch}")] = {"median_us": med, "min_us": low}
 
 
 def run_torch(torch):
@@ -95,6 +181,7 @@ def run_torch(torch):
         med, low = measure(torch, lambda: y.copy_(x))
         results[("cuda_copy", f"n={n}")] = {"median_us": med, "min_us": low}
         del x, y
+    torch_steps(torch, dev, results)
     return results
 
 
@@ -137,6 +224,13 @@ def main():
     if bf16 and torch_bf16:
         ratio = torch_bf16["median_us"] / float(bf16["median_us"])
         print(f"bar: bf16 GEMM n=4096 at {ratio:.3f}x torch.matmul (wanted >= 0.9)")
+    for compiled in ("", "_compiled"):
+        gpt = rtx.get(("cuda_gpt_step", "batch=32"))
+        torch_gpt = peer.get(("cuda_gpt_step" + compiled, "batch=32"))
+        if gpt and torch_gpt:
+            ratio = torch_gpt["median_us"] / float(gpt["median_us"])
+            which = "torch.compile" if compiled else "PyTorch eager (wanted >= 1.5)"
+            print(f"bar: GPT training step at {ratio:.3f}x {which}")
     for (name, config), r in sorted(rtx.items()):
         if name == "cuda_chain":
             print(f"bar: fused chain {config} at {float(r['ratio_to_copy']):.3f}x copy bandwidth (wanted >= 0.8)")

@@ -25,9 +25,9 @@ for line in sys.stdin:
 }
 {
     tests -p rtx-backends --features wgpu,cuda --test cuda --test wgpu
-    tests -p rtx-core --features wgpu --test backend_vs_reference
+    tests -p rtx-core --features wgpu,cuda --test backend_vs_reference
     tests -p models --features wgpu,cuda --test cuda_runtime --test cuda_kernels \
-        --test wgpu_kernels --test wgpu_training
+        --test cuda_training --test wgpu_kernels --test wgpu_training
 } | while read -r name exe; do
     cp "$exe" ".gpu/bin/test_$name"
 done

@@ -8,6 +8,10 @@
 #   products against an f64 reference, out-of-memory);
 # - every emitted CUDA kernel of every model, compiled for the card's architecture and run on
 #   it (`cuda_runtime`), and NVRTC's sm_90 compile of whole modules (`cuda_kernels`);
+# - every core op's test against its float64 reference on `Device::cuda(0)`
+#   (`RTX_TEST_DEVICE=cuda`), and the models on it against the CPU: forward, gradients (MLP,
+#   CNN, GPT), AdamW steps, clipping, GPT training steps and checkpoint, the digits MLP
+#   trained to 0.97 (`cuda_training`); then `models train` for the MLP and the GPT on CUDA;
 # - the wgpu op suite, kernels and model tests on the adapter wgpu finds (NVIDIA's Vulkan
 #   driver when its ICD is there), skipped when there is none;
 # then the benchmarks beside PyTorch on the same card (`scripts/bench_gpu_peers.py`).
@@ -61,6 +65,12 @@ export RTX_REQUIRE_CUDA=1 RTX_REQUIRE_NVRTC=1
 step cuda_runtime_unit "$BIN/test_cuda" --nocapture
 step cuda_model_kernels "$BIN/test_cuda_runtime" --nocapture
 step nvrtc_modules "$BIN/test_cuda_kernels" --nocapture
+step cuda_ops env RTX_TEST_DEVICE=cuda "$BIN/test_backend_vs_reference"
+step cuda_training "$BIN/test_cuda_training" --nocapture
+step cuda_train_mlp "$BIN/models" train --device cuda
+step cuda_train_gpt "$BIN/models" train --model gpt --device cuda --steps 300 --eval-every 300
+# Where a GPT training step's time goes on CUDA (each step synchronized).
+step cuda_gpt_profile env RTX_PROFILE=1 "$BIN/models" train --model gpt --device cuda --steps 3 --eval-every 3 --eval-batches 1
 # wgpu: whatever adapter is there (without a Vulkan driver these say skipped, by name).
 step wgpu_unit "$BIN/test_wgpu" --nocapture
 step wgpu_ops env RTX_TEST_DEVICE=wgpu "$BIN/test_backend_vs_reference"
@@ -68,7 +78,7 @@ step wgpu_kernels "$BIN/test_wgpu_kernels" --nocapture
 step wgpu_training "$BIN/test_wgpu_training" --nocapture
 # Where a GPT training step's time goes on the wgpu adapter (each step synchronized).
 step wgpu_gpt_profile env RTX_PROFILE=1 "$BIN/models" train --model gpt --device wgpu --steps 3 --eval-every 3 --eval-batches 1
-step bench_cuda "$BIN/models" bench --filter cuda
+step bench_cuda "$BIN/models" bench --filter cuda_
 step bench_vs_torch env PYTHONUNBUFFERED=1 python3 scripts/bench_gpu_peers.py --rtx-bin "$BIN/models"
 echo "--- benchmarks"
 cat "$LOG/bench_vs_torch.log"

@@ -83,7 +83,8 @@ enum Command {
         #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
         precision: PrecisionArg,
         /// Where training runs. `wgpu` (a binary built with `--features wgpu`)
-        /// runs every step on the first GPU wgpu finds (Mesa's llvmpipe without one).
+        /// runs every step on the first GPU wgpu finds (Mesa's llvmpipe without one);
+        /// `cuda` (built with `--features cuda`) on the first CUDA GPU.
         #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
         device: DeviceArg,
     },
@@ -132,6 +133,8 @@ enum Command {
 enum DeviceArg {
     Cpu,
     Wgpu,
+    /// The first CUDA GPU (`Device::cuda(0)`).
+    Cuda,
 }
 
 impl DeviceArg {
@@ -147,6 +150,16 @@ impl DeviceArg {
             #[cfg(not(feature = "wgpu"))]
             DeviceArg::Wgpu => Err(RtxError::Invalid(
                 "this binary was built without the `wgpu` feature; run `cargo run --release -p models --features wgpu -- train --device wgpu`".into(),
+            )),
+            #[cfg(feature = "cuda")]
+            DeviceArg::Cuda => {
+                let device = Device::cuda(0)?;
+                println!("device: {device}");
+                Ok(device)
+            }
+            #[cfg(not(feature = "cuda"))]
+            DeviceArg::Cuda => Err(RtxError::Invalid(
+                "this binary was built without the `cuda` feature; run `cargo run --release -p models --features cuda -- train --device cuda`".into(),
             )),
         }
     }

@@ -26,23 +26,23 @@ fn device(test: &str) -> Option<CudaDevice> {
 }
 
 impl KernelDevice for CudaDevice {
-    type Buffer = CudaBuffer<f32>;
+    type Buffer = CudaBuffer;
     const TARGET: Target = Target::Cuda;
 
     fn describe(&self) -> String {
         CudaDevice::describe(self)
     }
 
-    fn upload(&self, values: &[f32]) -> Result<CudaBuffer<f32>, String> {
-        CudaDevice::upload(self, values).map_err(|e| e.to_string())
+    fn upload(&self, values: &[f32]) -> Result<CudaBuffer, String> {
+        CudaDevice::upload_f32(self, values).map_err(|e| e.to_string())
     }
 
-    fn zeros(&self, len: usize) -> Result<CudaBuffer<f32>, String> {
+    fn zeros(&self, len: usize) -> Result<CudaBuffer, String> {
         CudaDevice::zeros(self, len).map_err(|e| e.to_string())
     }
 
-    fn read(&self, buffer: &CudaBuffer<f32>) -> Result<Vec<f32>, String> {
-        CudaDevice::read(self, buffer).map_err(|e| e.to_string())
+    fn read(&self, buffer: &CudaBuffer) -> Result<Vec<f32>, String> {
+        CudaDevice::read_f32(self, buffer).map_err(|e| e.to_string())
     }
 
     fn run(
@@ -51,8 +51,8 @@ impl KernelDevice for CudaDevice {
         source: &str,
         entry: &str,
         meta: &[u32],
-        inputs: &[&CudaBuffer<f32>],
-        outputs: &mut [CudaBuffer<f32>],
+        inputs: &[&CudaBuffer],
+        outputs: &mut [CudaBuffer],
         threads: usize,
         group: u32,
     ) -> Result<(), String> {
@@ -61,8 +61,8 @@ impl KernelDevice for CudaDevice {
             source,
             entry,
         };
-        let mut outputs: Vec<&mut CudaBuffer<f32>> = outputs.iter_mut().collect();
-        self.run_emitted(&kernel, meta, inputs, &mut outputs, threads, group)
+        let outputs: Vec<&CudaBuffer> = outputs.iter().collect();
+        self.run_emitted(&kernel, meta, inputs, &outputs, threads, group)
             .map_err(|e| e.to_string())
     }
 }

@@ -1,10 +1,12 @@
 //! The CUDA runtime on the machine's first GPU: buffers, emitted-style kernels, cuBLAS
 //! products against a float64 reference on fresh random inputs, and the errors. Without a
 //! GPU (or libcuda, libcublas, libnvrtc) each test says it was skipped, by name;
-//! `RTX_REQUIRE_CUDA=1` (as in `scripts/gpu_check.sh`) makes that a failure.
+//! `RTX_REQUIRE_CUDA=1` (as in `scripts/gpu_check.sh`) makes that a failure. The tests that
+//! need no driver (buffers, launches, products through strided views) also run on
+//! `CudaDevice::on_cpu`, on every machine.
 #![cfg(feature = "cuda")]
 
-use rtx_backends::cuda::{CudaDevice, CudaKernel, GemmShape, GpuError};
+use rtx_backends::cuda::{CudaDevice, CudaKernel, CudaView, GemmShape, GpuError};
 
 fn device(test: &str) -> Option<CudaDevice> {
     match CudaDevice::open(0) {
@@ -15,6 +17,22 @@ fn device(test: &str) -> Option<CudaDevice> {
         }
         Err(e) => panic!("{test}: RTX_REQUIRE_CUDA=1 but {e}"),
     }
+}
+
+/// The GPU when there is one (else a printed skip), and the CPU standing in for one
+/// (`CudaDevice::on_cpu`: the same kernels built by `c++`, the CPU's GEMM for cuBLAS's), so
+/// what does not need the driver is checked on every machine with a C++ compiler
+/// (`RTX_REQUIRE_CXX=1` makes a missing one a failure).
+fn devices(test: &str) -> Vec<CudaDevice> {
+    let mut found: Vec<CudaDevice> = device(test).into_iter().collect();
+    match CudaDevice::on_cpu() {
+        Ok(d) => found.push(d),
+        Err(e) if std::env::var("RTX_REQUIRE_CXX").as_deref() != Ok("1") => {
+            eprintln!("skipped on the CPU: {test}: {e}");
+        }
+        Err(e) => panic!("{test}: RTX_REQUIRE_CXX=1 but {e}"),
+    }
+    found
 }
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
@@ -68,93 +86,139 @@ extern "C" __global__ void axpy(const unsigned int* params, const float* x, floa
 
 #[test]
 fn a_buffer_reads_back_the_values_uploaded() {
-    let Some(d) = device("a_buffer_reads_back_the_values_uploaded") else {
-        return;
-    };
-    let data = random(1000, 1);
-    let b = d.upload(&data).unwrap();
-    assert_eq!(d.read(&b).unwrap(), data);
-    let z = d.zeros::<f32>(77).unwrap();
-    assert_eq!(d.read(&z).unwrap(), vec![0.0; 77]);
-    eprintln!("{}", d.describe());
+    for d in devices("a_buffer_reads_back_the_values_uploaded") {
+        let data = random(1000, 1);
+        let b = d.upload_f32(&data).unwrap();
+        assert_eq!(d.read_f32(&b).unwrap(), data);
+        let z = d.zeros(77).unwrap();
+        assert_eq!(d.read_f32(&z).unwrap(), vec![0.0; 77]);
+        eprintln!("{}", d.describe());
+    }
 }
 
 #[test]
 fn a_kernel_runs_over_its_meta_inputs_and_outputs() {
-    let Some(d) = device("a_kernel_runs_over_its_meta_inputs_and_outputs") else {
-        return;
-    };
-    let (x, y) = (random(777, 2), random(777, 3));
-    let bx = d.upload(&x).unwrap();
-    let mut by = d.upload(&y).unwrap();
-    let k = CudaKernel {
-        name: "axpy",
-        source: AXPY,
-        entry: "axpy",
-    };
-    d.run_emitted(&k, &[777], &[&bx], &mut [&mut by], 777, 256)
-        .unwrap();
-    let got = d.read(&by).unwrap();
-    for i in 0..777 {
-        assert_eq!(got[i], 2.0 * x[i] + y[i], "element {i}");
+    for d in devices("a_kernel_runs_over_its_meta_inputs_and_outputs") {
+        let (x, y) = (random(777, 2), random(777, 3));
+        let bx = d.upload_f32(&x).unwrap();
+        let by = d.upload_f32(&y).unwrap();
+        let k = CudaKernel {
+            name: "axpy",
+            source: AXPY,
+            entry: "axpy",
+        };
+        d.run_emitted(&k, &[777], &[&bx], &[&by], 777, 256).unwrap();
+        let got = d.read_f32(&by).unwrap();
+        for i in 0..777 {
+            assert_eq!(got[i], 2.0 * x[i] + y[i], "element {i}");
+        }
     }
 }
 
 #[test]
 fn a_kernel_that_does_not_compile_is_an_error_naming_it() {
-    let Some(d) = device("a_kernel_that_does_not_compile_is_an_error_naming_it") else {
-        return;
-    };
-    let k = CudaKernel {
-        name: "broken",
-        source: "extern \"C\" __global__ void broken( {",
-        entry: "broken",
-    };
-    match d.load(&k) {
-        Err(GpuError::Compile { name, .. }) => assert_eq!(name, "broken"),
-        other => panic!("expected a compile error, got {:?}", other.err()),
+    for d in devices("a_kernel_that_does_not_compile_is_an_error_naming_it") {
+        let k = CudaKernel {
+            name: "broken",
+            source: "extern \"C\" __global__ void broken( {",
+            entry: "broken",
+        };
+        match d.load(&k) {
+            Err(GpuError::Compile { name, .. }) => assert_eq!(name, "broken"),
+            other => panic!("expected a compile error, got {:?}", other.err()),
+        }
     }
 }
 
 #[test]
 fn sgemm_matches_the_f64_reference_plain_transposed_and_batched() {
-    let Some(d) = device("sgemm_matches_the_f64_reference_plain_transposed_and_batched") else {
-        return;
-    };
-    let (m, n, k) = (67, 45, 129);
-    for (at, bt) in [(false, false), (true, false), (false, true), (true, true)] {
-        let (a, b) = (random(m * k, 4), random(k * n, 5));
-        let (ba, bb) = (d.upload(&a).unwrap(), d.upload(&b).unwrap());
-        let mut c = d.zeros::<f32>(m * n).unwrap();
+    for d in devices("sgemm_matches_the_f64_reference_plain_transposed_and_batched") {
+        let (m, n, k) = (67, 45, 129);
+        for (at, bt) in [(false, false), (true, false), (false, true), (true, true)] {
+            let (a, b) = (random(m * k, 4), random(k * n, 5));
+            let (ba, bb) = (d.upload_f32(&a).unwrap(), d.upload_f32(&b).unwrap());
+            let c = d.zeros(m * n).unwrap();
+            let shape = GemmShape {
+                a_transposed: at,
+                b_transposed: bt,
+                ..GemmShape::plain(m, n, k)
+            };
+            d.gemm_f32(shape, &ba, &bb, &c).unwrap();
+            let want = reference(&a, &b, m, n, k, at, bt);
+            assert_close(
+                &d.read_f32(&c).unwrap(),
+                &want,
+                k,
+                &format!("at={at} bt={bt}"),
+            );
+        }
+        // Three products sharing one B (a weight): stride 0.
+        let batches = 3;
+        let (a, b) = (random(batches * m * k, 6), random(k * n, 7));
+        let (ba, bb) = (d.upload_f32(&a).unwrap(), d.upload_f32(&b).unwrap());
+        let c = d.zeros(batches * m * n).unwrap();
         let shape = GemmShape {
-            a_transposed: at,
-            b_transposed: bt,
+            batches,
+            stride_b: 0,
             ..GemmShape::plain(m, n, k)
         };
-        d.gemm_f32(shape, &ba, &bb, &mut c).unwrap();
-        let want = reference(&a, &b, m, n, k, at, bt);
-        assert_close(&d.read(&c).unwrap(), &want, k, &format!("at={at} bt={bt}"));
+        d.gemm_f32(shape, &ba, &bb, &c).unwrap();
+        let got = d.read_f32(&c).unwrap();
+        for batch in 0..batches {
+            let want = reference(&a[batch * m * k..][..m * k], &b, m, n, k, false, false);
+            assert_close(
+                &got[batch * m * n..][..m * n],
+                &want,
+                k,
+                &format!("batch {batch}"),
+            );
+        }
     }
-    // Three products sharing one B (a weight): stride 0.
-    let batches = 3;
-    let (a, b) = (random(batches * m * k, 6), random(k * n, 7));
-    let (ba, bb) = (d.upload(&a).unwrap(), d.upload(&b).unwrap());
-    let mut c = d.zeros::<f32>(batches * m * n).unwrap();
-    let shape = GemmShape {
-        batches,
-        stride_b: 0,
-        ..GemmShape::plain(m, n, k)
-    };
-    d.gemm_f32(shape, &ba, &bb, &mut c).unwrap();
-    let got = d.read(&c).unwrap();
-    for batch in 0..batches {
-        let want = reference(&a[batch * m * k..][..m * k], &b, m, n, k, false, false);
-        assert_close(
-            &got[batch * m * n..][..m * n],
-            &want,
-            k,
-            &format!("batch {batch}"),
+}
+
+#[test]
+fn matmul_reads_strided_views_in_place_or_copied_to_the_f64_reference() {
+    for d in devices("matmul_reads_strided_views_in_place_or_copied_to_the_f64_reference") {
+        let (batches, m, n, k) = (3, 17, 23, 29);
+        // A: [batches, m, k] read transposed from a [batches, k, m] buffer at offset 4.
+        let a_store = random(4 + batches * k * m, 21);
+        // B: [k, n] shared by every batch (batch stride 0), its columns every second element,
+        // so neither stride is 1 and it is copied first.
+        let b_store = random(k * n * 2, 22);
+        let (ba, bb) = (
+            d.upload_f32(&a_store).unwrap(),
+            d.upload_f32(&b_store).unwrap(),
         );
+        let a = CudaView {
+            buffer: &ba,
+            offset: 4,
+            shape: vec![batches, m, k],
+            strides: vec![k * m, 1, m],
+        };
+        let b = CudaView {
+            buffer: &bb,
+            offset: 0,
+            shape: vec![batches, k, n],
+            strides: vec![0, 2 * n, 2],
+        };
+        let c = d.zeros(batches * m * n).unwrap();
+        d.matmul(&a, &b, &c).unwrap();
+        let got = d.read_f32(&c).unwrap();
+        for bi in 0..batches {
+            let mut want = vec![0.0f64; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    want[i * n + j] = (0..k)
+                        .map(|t| {
+                            a_store[4 + bi * k * m + t * m + i] as f64
+                                * b_store[t * 2 * n + 2 * j] as f64
+                        })
+                        .sum();
+                }
+            }
+            let at = bi * m * n;
+            assert_close(&got[at..at + m * n], &want, k, &format!("batch {bi}"));
+        }
     }
 }
 
@@ -178,11 +242,11 @@ fn bf16_gemm_accumulates_in_f32_to_the_reference_of_its_rounded_operands() {
             .collect()
     };
     let want = reference(&widen(&ah), &widen(&bh), m, n, k, false, false);
-    let (ba, bb) = (d.upload(&ah).unwrap(), d.upload(&bh).unwrap());
-    let mut c = d.zeros::<u16>(m * n).unwrap();
-    d.gemm_bf16(GemmShape::plain(m, n, k), &ba, &bb, &mut c)
+    let (ba, bb) = (d.upload_bf16(&ah).unwrap(), d.upload_bf16(&bh).unwrap());
+    let c = d.zeros((m * n).div_ceil(2)).unwrap();
+    d.gemm_bf16(GemmShape::plain(m, n, k), &ba, &bb, &c)
         .unwrap();
-    let got = widen(&d.read(&c).unwrap());
+    let got = widen(&d.read_bf16(&c, m * n).unwrap());
     for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
         // The result is rounded to bf16 (8 bits of mantissa): half an ulp is 2^-8 relative.
         let tol = w.abs() * (1.0 / 128.0) + 1e-3 * (k as f64).sqrt();
@@ -192,18 +256,17 @@ fn bf16_gemm_accumulates_in_f32_to_the_reference_of_its_rounded_operands() {
 
 #[test]
 fn a_product_past_its_buffers_is_refused_before_cublas_reads_them() {
-    let Some(d) = device("a_product_past_its_buffers_is_refused_before_cublas_reads_them") else {
-        return;
-    };
-    let (a, b) = (
-        d.upload(&random(10, 1)).unwrap(),
-        d.upload(&random(10, 2)).unwrap(),
-    );
-    let mut c = d.zeros::<f32>(4).unwrap();
-    assert!(matches!(
-        d.gemm_f32(GemmShape::plain(2, 2, 8), &a, &b, &mut c),
-        Err(GpuError::Call(_))
-    ));
+    for d in devices("a_product_past_its_buffers_is_refused_before_cublas_reads_them") {
+        let (a, b) = (
+            d.upload_f32(&random(10, 1)).unwrap(),
+            d.upload_f32(&random(10, 2)).unwrap(),
+        );
+        let c = d.zeros(4).unwrap();
+        assert!(matches!(
+            d.gemm_f32(GemmShape::plain(2, 2, 8), &a, &b, &c),
+            Err(GpuError::Call(_))
+        ));
+    }
 }
 
 #[test]
@@ -213,48 +276,46 @@ fn an_allocation_past_the_devices_memory_is_out_of_memory_not_a_panic() {
         return;
     };
     // 4 TiB of f32.
-    match d.zeros::<f32>(1 << 40) {
+    match d.zeros(1 << 40) {
         Err(GpuError::OutOfMemory { requested }) => assert_eq!(requested, 4 << 40),
         other => panic!("expected OutOfMemory, got {:?}", other.err()),
     }
     // The device still works afterwards.
-    let b = d.upload(&[1.0f32, 2.0]).unwrap();
-    assert_eq!(d.read(&b).unwrap(), vec![1.0, 2.0]);
+    let b = d.upload_f32(&[1.0f32, 2.0]).unwrap();
+    assert_eq!(d.read_f32(&b).unwrap(), vec![1.0, 2.0]);
 }
 
 #[test]
 fn the_core_op_kernels_run_on_the_device_through_their_meta_words() {
-    use rtx_backends::cuda::CudaView;
     use rtx_backends::kernel_meta::Reduce;
-    let Some(d) = device("the_core_op_kernels_run_on_the_device_through_their_meta_words") else {
-        return;
-    };
-    // A [3, 4, 5] view of a [5, 4, 3] buffer from element 7, summed over the middle axis.
-    let x = random(7 + 60, 10);
-    let bx = d.upload(&x).unwrap();
-    let view = CudaView {
-        buffer: &bx,
-        offset: 7,
-        shape: vec![3, 4, 5],
-        strides: vec![1, 3, 12],
-    };
-    let mut sums = d.zeros::<f32>(15).unwrap();
-    d.reduce(&view, &[false, true, false], Reduce::Sum, &mut sums)
-        .unwrap();
-    let got = d.read(&sums).unwrap();
-    for i in 0..3 {
-        for k in 0..5 {
-            let want: f32 = (0..4).map(|j| x[7 + i + 3 * j + 12 * k]).sum();
-            assert!((got[i * 5 + k] - want).abs() < 1e-5, "({i}, {k})");
+    for d in devices("the_core_op_kernels_run_on_the_device_through_their_meta_words") {
+        // A [3, 4, 5] view of a [5, 4, 3] buffer from element 7, summed over the middle axis.
+        let x = random(7 + 60, 10);
+        let bx = d.upload_f32(&x).unwrap();
+        let view = CudaView {
+            buffer: &bx,
+            offset: 7,
+            shape: vec![3, 4, 5],
+            strides: vec![1, 3, 12],
+        };
+        let sums = d.zeros(15).unwrap();
+        d.reduce(&view, &[false, true, false], Reduce::Sum, &sums)
+            .unwrap();
+        let got = d.read_f32(&sums).unwrap();
+        for i in 0..3 {
+            for k in 0..5 {
+                let want: f32 = (0..4).map(|j| x[7 + i + 3 * j + 12 * k]).sum();
+                assert!((got[i * 5 + k] - want).abs() < 1e-5, "({i}, {k})");
+            }
         }
-    }
-    // The same view copied contiguous.
-    let mut copy = d.zeros::<f32>(60).unwrap();
-    d.copy_into(&view, &mut copy, 0, &[20, 5, 1]).unwrap();
-    let got = d.read(&copy).unwrap();
-    for (e, &value) in got.iter().enumerate() {
-        let (i, j, k) = (e / 20, e / 5 % 4, e % 5);
-        assert_eq!(value, x[7 + i + 3 * j + 12 * k], "element {e}");
+        // The same view copied contiguous.
+        let copy = d.zeros(60).unwrap();
+        d.copy_into(&view, &copy, 0, &[20, 5, 1]).unwrap();
+        let got = d.read_f32(&copy).unwrap();
+        for (e, &value) in got.iter().enumerate() {
+            let (i, j, k) = (e / 20, e / 5 % 4, e % 5);
+            assert_eq!(value, x[7 + i + 3 * j + 12 * k], "element {e}");
+        }
     }
 }
 
@@ -307,12 +368,12 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
     };
     let n = 6 * 33 * 32;
     let (q, k, v, g) = (random(n, 11), random(n, 12), random(n, 13), random(n, 14));
-    let b = |x: &[f32]| d.upload(x).unwrap();
+    let b = |x: &[f32]| d.upload_f32(x).unwrap();
     let (bq, bk, bv, bg) = (b(&q), b(&k), b(&v), b(&g));
-    let mut out = d.zeros::<f32>(n).unwrap();
-    d.attention(shape, [&bq, &bk, &bv], &mut out).unwrap();
-    let mut grads = d.zeros::<f32>(3 * n).unwrap();
-    d.attention_grad(shape, [&bq, &bk, &bv, &bg], &mut grads)
+    let out = d.zeros(n).unwrap();
+    d.attention(shape, [&bq, &bk, &bv], &out).unwrap();
+    let grads = d.zeros(3 * n).unwrap();
+    d.attention_grad(shape, [&bq, &bk, &bv, &bg], &grads)
         .unwrap();
     let meta = shape.meta().unwrap();
     let (mut o, mut stats, mut gr) = (vec![0f32; n], vec![0f32; 6 * 33 * 3], vec![0f32; 3 * n]);
@@ -354,8 +415,8 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
         198,
         ATTENTION_BLOCK,
     );
-    close(&d.read(&out).unwrap(), &o, "attention");
-    close(&d.read(&grads).unwrap(), &gr, "attention gradients");
+    close(&d.read_f32(&out).unwrap(), &o, "attention");
+    close(&d.read_f32(&grads).unwrap(), &gr, "attention gradients");
 
     // A strided, padded convolution and a max pool.
     let cs = ConvShape {
@@ -367,8 +428,8 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
     };
     let (x, w) = (random(2 * 3 * 9 * 8, 15), random(5 * 3 * 3 * 3, 16));
     let (bx, bw) = (b(&x), b(&w));
-    let mut y = d.zeros::<f32>(2 * 5 * 5 * 8).unwrap();
-    d.conv2d(ConvPass::Forward, cs, &bx, &bw, &mut y).unwrap();
+    let y = d.zeros(2 * 5 * 5 * 8).unwrap();
+    d.conv2d(ConvPass::Forward, cs, &bx, &bw, &y).unwrap();
     let (meta, outputs) = kernel_meta::conv2d(ConvPass::Forward, cs).unwrap();
     let mut yc = vec![0f32; outputs];
     run_cpu(
@@ -383,9 +444,9 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
         outputs,
         WINDOW_BLOCK,
     );
-    close(&d.read(&y).unwrap(), &yc, "conv2d");
+    close(&d.read_f32(&y).unwrap(), &yc, "conv2d");
     let window = ([3, 3], [2, 2], [1, 1]);
-    let mut pooled = d.zeros::<f32>(2 * 3 * 5 * 4).unwrap();
+    let pooled = d.zeros(2 * 3 * 5 * 4).unwrap();
     d.pool2d(
         PoolPass::Max,
         [2, 3, 9, 8],
@@ -393,7 +454,7 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
         [5, 4],
         &bx,
         &bx,
-        &mut pooled,
+        &pooled,
     )
     .unwrap();
     let (meta, outputs) = kernel_meta::pool2d(PoolPass::Max, [2, 3, 9, 8], window, [5, 4]).unwrap();
@@ -410,17 +471,14 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
         outputs,
         WINDOW_BLOCK,
     );
-    close(&d.read(&pooled).unwrap(), &pc, "max pool");
+    close(&d.read_f32(&pooled).unwrap(), &pc, "max pool");
 
     // Top-5 of rows of 40.
     let (rows, cols, top) = (24usize, 40usize, 5usize);
     let t = random(rows * cols, 17);
     let bt = b(&t);
-    let (mut values, mut positions) = (
-        d.zeros::<f32>(rows * top).unwrap(),
-        d.zeros::<u32>(rows * top).unwrap(),
-    );
-    d.top_k(&bt, (rows, cols, top), &mut values, &mut positions)
+    let (values, positions) = (d.zeros(rows * top).unwrap(), d.zeros(rows * top).unwrap());
+    d.top_k(&bt, (rows, cols, top), &values, &positions)
         .unwrap();
     let meta = kernel_meta::words(&[0, rows, cols, top], "size").unwrap();
     let (mut vc, mut pcs) = (vec![0f32; rows * top], vec![0u32; rows * top]);
@@ -437,6 +495,6 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
         rows,
         BLOCK,
     );
-    close(&d.read(&values).unwrap(), &vc, "top-k values");
-    assert_eq!(d.read(&positions).unwrap(), pcs, "top-k positions");
+    close(&d.read_f32(&values).unwrap(), &vc, "top-k values");
+    assert_eq!(d.read_u32(&positions).unwrap(), pcs, "top-k positions");
 }

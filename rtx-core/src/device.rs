@@ -1,27 +1,31 @@
-//! Where a tensor lives: [`Device::Cpu`], or a wgpu adapter (`Device::Wgpu`, cargo feature
-//! `wgpu`: Vulkan, Metal, DX12, and Mesa's llvmpipe where there is no GPU).
+//! Where a tensor lives: [`Device::Cpu`], or a GPU ([`Device::Gpu`]): a wgpu adapter
+//! (`Device::wgpu()`, cargo feature `wgpu`: Vulkan, Metal, DX12, and Mesa's llvmpipe where
+//! there is no GPU) or a CUDA device (`Device::cuda(i)`, cargo feature `cuda`).
 //!
-//! A tensor on a device holds a device buffer and the same `Layout` as a CPU tensor, so view
+//! A tensor on a GPU holds a device buffer and the same `Layout` as a CPU tensor, so view
 //! ops (permute, narrow, broadcast, reshape of contiguous values) stay views there too.
 //! `Tensor::to(&device)` copies between devices; `Module::to` moves a model's parameters;
-//! a compiled graph function whose inputs are on a device runs there (`crate::gpu`).
+//! a compiled graph function whose inputs are on a GPU runs there (`crate::gpu`), with the
+//! kernels its backend runs (`rtx_backends::gpu::Gpu`).
 
 use crate::error::{Result, RtxError};
 use crate::tensor::Tensor;
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 use crate::tensor::{DType, Storage};
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub use rtx_backends::gpu::Gpu;
 use std::fmt;
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 use std::sync::Arc;
 
 /// A place tensors live and kernels run.
 #[derive(Clone)]
 pub enum Device {
     Cpu,
-    /// A wgpu adapter, shared by every tensor on it.
-    #[cfg(feature = "wgpu")]
-    Wgpu(Arc<rtx_backends::wgpu::WgpuDevice>),
+    /// A GPU, shared by every tensor on it: [`Device::wgpu`] or [`Device::cuda`].
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    Gpu(Arc<Gpu>),
 }
 
 impl Device {
@@ -30,14 +34,49 @@ impl Device {
     #[cfg(feature = "wgpu")]
     pub fn wgpu() -> Result<Device> {
         use std::sync::OnceLock;
-        static OPENED: OnceLock<std::result::Result<Arc<rtx_backends::wgpu::WgpuDevice>, String>> =
-            OnceLock::new();
+        static OPENED: OnceLock<std::result::Result<Arc<Gpu>, String>> = OnceLock::new();
         match OPENED.get_or_init(|| {
             rtx_backends::wgpu::WgpuDevice::open()
-                .map(Arc::new)
+                .map(|d| Arc::new(Gpu::Wgpu(d)))
                 .map_err(|e| e.to_string())
         }) {
-            Ok(d) => Ok(Device::Wgpu(Arc::clone(d))),
+            Ok(d) => Ok(Device::Gpu(Arc::clone(d))),
+            Err(e) => Err(RtxError::Gpu(e.clone())),
+        }
+    }
+
+    /// CUDA device `ordinal` (0 for the first GPU), opened once per process and shared by
+    /// every later call. Without a driver, cuBLAS or a GPU this is an error saying which is
+    /// missing.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        use std::sync::Mutex;
+        static OPENED: Mutex<Vec<(usize, Arc<Gpu>)>> = Mutex::new(Vec::new());
+        let mut opened = OPENED
+            .lock()
+            .map_err(|_| RtxError::Gpu("the CUDA device table was poisoned".into()))?;
+        if let Some((_, d)) = opened.iter().find(|(i, _)| *i == ordinal) {
+            return Ok(Device::Gpu(Arc::clone(d)));
+        }
+        let d = Arc::new(Gpu::Cuda(rtx_backends::cuda::CudaDevice::open(ordinal)?));
+        opened.push((ordinal, Arc::clone(&d)));
+        Ok(Device::Gpu(d))
+    }
+
+    /// A CUDA device whose kernels run on this CPU (`CudaDevice::on_cpu`: the same CUDA C
+    /// built by the host's `c++` and run thread by thread, the CPU's GEMM for cuBLAS's),
+    /// opened once per process. A test device: it runs everything `Device::cuda` runs above
+    /// the driver, so the CUDA path is checked on machines without a GPU; it is slow.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_on_cpu() -> Result<Device> {
+        use std::sync::OnceLock;
+        static OPENED: OnceLock<std::result::Result<Arc<Gpu>, String>> = OnceLock::new();
+        match OPENED.get_or_init(|| {
+            rtx_backends::cuda::CudaDevice::on_cpu()
+                .map(|d| Arc::new(Gpu::Cuda(d)))
+                .map_err(|e| e.to_string())
+        }) {
+            Ok(d) => Ok(Device::Gpu(Arc::clone(d))),
             Err(e) => Err(RtxError::Gpu(e.clone())),
         }
     }
@@ -45,15 +84,24 @@ impl Device {
     pub fn is_cpu(&self) -> bool {
         matches!(self, Device::Cpu)
     }
+
+    /// The GPU behind this device, if it is one.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    pub fn gpu(&self) -> Option<&Arc<Gpu>> {
+        match self {
+            Device::Gpu(g) => Some(g),
+            Device::Cpu => None,
+        }
+    }
 }
 
 impl PartialEq for Device {
     fn eq(&self, other: &Device) -> bool {
         match (self, other) {
             (Device::Cpu, Device::Cpu) => true,
-            #[cfg(feature = "wgpu")]
-            (Device::Wgpu(a), Device::Wgpu(b)) => Arc::ptr_eq(a, b),
-            #[cfg(feature = "wgpu")]
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            (Device::Gpu(a), Device::Gpu(b)) => Arc::ptr_eq(a, b),
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
             _ => false,
         }
     }
@@ -63,8 +111,8 @@ impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Device::Cpu => f.write_str("cpu"),
-            #[cfg(feature = "wgpu")]
-            Device::Wgpu(d) => write!(f, "wgpu:{}", d.describe()),
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            Device::Gpu(d) => f.write_str(&d.describe()),
         }
     }
 }
@@ -75,18 +123,18 @@ impl fmt::Debug for Device {
     }
 }
 
-/// A tensor's buffer on a wgpu device. f32 values are stored as they are; i64 values (class
+/// A tensor's buffer on a GPU. f32 values are stored as they are; i64 values (class
 /// labels, token ids) as 32-bit words, with the i64 values also kept on the host so that
 /// index checks (a label past the class count) run before any kernel reads them.
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub struct GpuStorage {
-    pub(crate) device: Arc<rtx_backends::wgpu::WgpuDevice>,
-    pub(crate) buffer: rtx_backends::wgpu::GpuBuffer,
+    pub(crate) device: Arc<Gpu>,
+    pub(crate) buffer: rtx_backends::gpu::DeviceBuffer,
     pub(crate) dtype: DType,
     pub(crate) host_i64: Option<Vec<i64>>,
 }
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 impl fmt::Debug for GpuStorage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -102,9 +150,9 @@ impl fmt::Debug for GpuStorage {
 impl Tensor {
     /// The device holding this tensor's values.
     pub fn device(&self) -> Device {
-        #[cfg(feature = "wgpu")]
-        if let Storage::Wgpu(s) = self.storage() {
-            return Device::Wgpu(Arc::clone(&s.device));
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let Storage::Gpu(s) = self.storage() {
+            return Device::Gpu(Arc::clone(&s.device));
         }
         Device::Cpu
     }
@@ -117,8 +165,8 @@ impl Tensor {
         }
         match device {
             Device::Cpu => self.to_cpu(),
-            #[cfg(feature = "wgpu")]
-            Device::Wgpu(d) => {
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            Device::Gpu(d) => {
                 let on_cpu = self.to_cpu()?;
                 upload(d, &on_cpu)
             }
@@ -126,8 +174,8 @@ impl Tensor {
     }
 
     fn to_cpu(&self) -> Result<Tensor> {
-        #[cfg(feature = "wgpu")]
-        if let Storage::Wgpu(_) = self.storage() {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let Storage::Gpu(_) = self.storage() {
             return crate::gpu::download(self);
         }
         Ok(self.clone())
@@ -149,8 +197,8 @@ impl Tensor {
     }
 }
 
-#[cfg(feature = "wgpu")]
-fn upload(d: &Arc<rtx_backends::wgpu::WgpuDevice>, t: &Tensor) -> Result<Tensor> {
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn upload(d: &Arc<Gpu>, t: &Tensor) -> Result<Tensor> {
     let (buffer, host_i64, dtype) = match t.dtype() {
         DType::I64 => {
             let values = t.to_vec_i64()?;
@@ -179,7 +227,7 @@ fn upload(d: &Arc<rtx_backends::wgpu::WgpuDevice>, t: &Tensor) -> Result<Tensor>
         }
     };
     Ok(Tensor::from_parts(
-        Storage::Wgpu(GpuStorage {
+        Storage::Gpu(GpuStorage {
             device: Arc::clone(d),
             buffer,
             dtype,

@@ -83,7 +83,7 @@ impl From<rtx_backends::cpu::KernelError> for RtxError {
     }
 }
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 impl From<rtx_backends::gpu_error::GpuError> for RtxError {
     fn from(e: rtx_backends::gpu_error::GpuError) -> Self {
         match e {

@@ -5,7 +5,7 @@
 //! `use rtx_core::prelude::*` is the whole import. It holds `Tensor`, the single op dispatch
 //! (`ops::run_op`) that compiled models and the IR executor share, layers and their
 //! initialization, optimizers, checkpoints (safetensors; `resume.rs` for training state) and
-//! `RtxError`. With the `wgpu` feature, tensors and models move to a GPU (`device.rs`) and
+//! `RtxError`. With the `wgpu` or `cuda` feature, tensors and models move to a GPU (`device.rs`) and
 //! compiled graph functions run their fusion plan there (`gpu/`).
 
 extern crate self as rtx_core;

@@ -14,12 +14,12 @@ use rayon::iter::Either;
 use rayon::prelude::*;
 use std::borrow::Cow;
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod device;
 mod state;
 
-#[cfg(feature = "wgpu")]
-use rtx_backends::wgpu::UpdateRule;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use rtx_backends::kernel_meta::UpdateRule;
 use state::{ParamState, States, align};
 
 pub trait Optimizer {
@@ -253,7 +253,7 @@ impl Optimizer for Sgd {
         // scalars[0] is 1 on a parameter's first step: PyTorch starts the momentum buffer at
         // the first gradient, undamped.
         let first_step = |s: &ParamState| [if s.steps == 1 { 1.0 } else { 0.0 }, 0.0];
-        #[cfg(feature = "wgpu")]
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if device::on_device(model) {
             return device::step(model, grads, &mut self.states, buffers, |s| {
                 UpdateRule::Sgd {
@@ -363,7 +363,7 @@ impl Optimizer for Adam {
         );
         // Bias corrections of each parameter's step count.
         let corrections = |s: &ParamState| [1.0 - b1.powi(s.steps), 1.0 - b2.powi(s.steps)];
-        #[cfg(feature = "wgpu")]
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if device::on_device(model) {
             return device::step(model, grads, &mut self.states, 2, |s| {
                 let [c1, c2] = corrections(s);

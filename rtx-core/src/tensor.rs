@@ -90,9 +90,9 @@ pub enum Storage {
     I64(Vec<i64>),
     BF16(Vec<half::bf16>),
     F16(Vec<half::f16>),
-    /// Values on a wgpu device (`crate::device`).
-    #[cfg(feature = "wgpu")]
-    Wgpu(crate::device::GpuStorage),
+    /// Values on a GPU (`crate::device`).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    Gpu(crate::device::GpuStorage),
 }
 
 impl Drop for Storage {
@@ -231,14 +231,14 @@ impl Tensor {
 
     /// Whether this tensor alone reads its buffer, which holds exactly its elements in order
     /// (so a kernel may write them in place).
-    #[cfg(feature = "wgpu")]
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub(crate) fn owns_contiguous_buffer(&self) -> bool {
         Arc::strong_count(&self.storage) == 1
             && self.layout.is_contiguous()
             && self.layout.offset == 0
             && match &*self.storage {
-                #[cfg(feature = "wgpu")]
-                Storage::Wgpu(s) => s.buffer.len() == self.numel(),
+                #[cfg(any(feature = "wgpu", feature = "cuda"))]
+                Storage::Gpu(s) => s.buffer.len() == self.numel(),
                 _ => true,
             }
     }
@@ -272,8 +272,8 @@ impl Tensor {
             Storage::I64(_) => DType::I64,
             Storage::BF16(_) => DType::BF16,
             Storage::F16(_) => DType::F16,
-            #[cfg(feature = "wgpu")]
-            Storage::Wgpu(ref s) => s.dtype,
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            Storage::Gpu(ref s) => s.dtype,
         }
     }
 
@@ -319,8 +319,8 @@ impl Tensor {
         match &*self.storage {
             Storage::BF16(v) => return Ok(self.layout.indices().map(|i| v[i].to_f32()).collect()),
             Storage::F16(v) => return Ok(self.layout.indices().map(|i| v[i].to_f32()).collect()),
-            #[cfg(feature = "wgpu")]
-            Storage::Wgpu(_) => return crate::gpu::download(self)?.to_vec_f32(),
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            Storage::Gpu(_) => return crate::gpu::download(self)?.to_vec_f32(),
             _ => {}
         }
         let (d, l) = self.f32_parts("Tensor::to_vec_f32")?;
@@ -335,8 +335,8 @@ impl Tensor {
     pub fn to_vec_i64(&self) -> Result<Vec<i64>> {
         match &*self.storage {
             Storage::I64(v) => Ok(self.layout.indices().map(|i| v[i]).collect()),
-            #[cfg(feature = "wgpu")]
-            Storage::Wgpu(s) if s.dtype == DType::I64 => crate::gpu::download(self)?.to_vec_i64(),
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            Storage::Gpu(s) if s.dtype == DType::I64 => crate::gpu::download(self)?.to_vec_i64(),
             _ => Err(RtxError::DTypeMismatch {
                 context: "Tensor::to_vec_i64".into(),
                 expected: "i64".into(),
@@ -439,8 +439,8 @@ impl Tensor {
                 Storage::F16(self.layout.indices().map(|i| v[i]).collect()),
                 Layout::contiguous(self.shape()),
             ),
-            #[cfg(feature = "wgpu")]
-            Storage::Wgpu(_) => crate::gpu::contiguous(self)?,
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            Storage::Gpu(_) => crate::gpu::contiguous(self)?,
         })
     }
 

@@ -21,12 +21,28 @@ const ATOL: f64 = 1e-5;
 const RTOL: f64 = 1e-4;
 
 /// The device the ops run on: the CPU, or with `RTX_TEST_DEVICE=wgpu` (and the `wgpu`
-/// feature) the wgpu adapter, so that this whole file is also the wgpu backend's op test.
+/// feature) the wgpu adapter, or with `RTX_TEST_DEVICE=cuda` (and the `cuda` feature) the
+/// first CUDA GPU (`cuda-on-cpu`: the CUDA backend with its kernels run on the CPU), so that
+/// this whole file is also each GPU backend's op test.
 fn test_device() -> rtx_core::Device {
+    let wanted = std::env::var("RTX_TEST_DEVICE").unwrap_or_default();
     #[cfg(feature = "wgpu")]
-    if std::env::var("RTX_TEST_DEVICE").as_deref() == Ok("wgpu") {
+    if wanted == "wgpu" {
         return rtx_core::Device::wgpu().unwrap_or_else(|e| panic!("RTX_TEST_DEVICE=wgpu: {e}"));
     }
+    #[cfg(feature = "cuda")]
+    if wanted == "cuda" {
+        return rtx_core::Device::cuda(0).unwrap_or_else(|e| panic!("RTX_TEST_DEVICE=cuda: {e}"));
+    }
+    #[cfg(feature = "cuda")]
+    if wanted == "cuda-on-cpu" {
+        return rtx_core::Device::cuda_on_cpu()
+            .unwrap_or_else(|e| panic!("RTX_TEST_DEVICE=cuda-on-cpu: {e}"));
+    }
+    assert!(
+        wanted.is_empty() || wanted == "cpu",
+        "RTX_TEST_DEVICE={wanted}: this build has no such device (enable its cargo feature)"
+    );
     rtx_core::Device::Cpu
 }
 

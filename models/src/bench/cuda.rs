@@ -76,9 +76,12 @@ pub(super) fn cuda_gemm() -> Result<()> {
         let (a, b) = (random(n * n, 1), random(n * n, 2));
         let flops = 2.0 * (n as f64).powi(3);
         let shape = GemmShape::plain(n, n, n);
-        let (ba, bb) = (d.upload(&a).map_err(gpu)?, d.upload(&b).map_err(gpu)?);
-        let mut c: CudaBuffer<f32> = d.zeros(n * n).map_err(gpu)?;
-        let t = measure_gpu(&d, || d.gemm_f32(shape, &ba, &bb, &mut c))?;
+        let (ba, bb) = (
+            d.upload_f32(&a).map_err(gpu)?,
+            d.upload_f32(&b).map_err(gpu)?,
+        );
+        let c: CudaBuffer = d.zeros(n * n).map_err(gpu)?;
+        let t = measure_gpu(&d, || d.gemm_f32(shape, &ba, &bb, &c))?;
         print_gemm("f32", n, flops, &t);
         drop((ba, bb, c));
         let bits = |v: &[f32]| -> Vec<u16> {
@@ -87,11 +90,11 @@ pub(super) fn cuda_gemm() -> Result<()> {
                 .collect()
         };
         let (ha, hb) = (
-            d.upload(&bits(&a)).map_err(gpu)?,
-            d.upload(&bits(&b)).map_err(gpu)?,
+            d.upload_bf16(&bits(&a)).map_err(gpu)?,
+            d.upload_bf16(&bits(&b)).map_err(gpu)?,
         );
-        let mut hc: CudaBuffer<u16> = d.zeros(n * n).map_err(gpu)?;
-        let t = measure_gpu(&d, || d.gemm_bf16(shape, &ha, &hb, &mut hc))?;
+        let hc: CudaBuffer = d.zeros((n * n).div_ceil(2)).map_err(gpu)?;
+        let t = measure_gpu(&d, || d.gemm_bf16(shape, &ha, &hb, &hc))?;
         print_gemm("bf16", n, flops, &t);
     }
     Ok(())
@@ -137,15 +140,15 @@ pub(super) fn cuda_chain() -> Result<()> {
         entry: &chain.entry,
     };
     for n in [1usize << 24, 1 << 28] {
-        let x = d.upload(&random(n, 3)).map_err(gpu)?;
-        let mut y: CudaBuffer<f32> = d.zeros(n).map_err(gpu)?;
+        let x = d.upload_f32(&random(n, 3)).map_err(gpu)?;
+        let y: CudaBuffer = d.zeros(n).map_err(gpu)?;
         let meta = Meta::words(&[n as u32], &[(0, vec![1])], Rounding::NONE.words());
         let bytes = 2.0 * n as f64 * 4.0;
         let fused = measure_gpu(&d, || {
-            d.run_emitted(&kernel, &meta, &[&x], &mut [&mut y], n, POINTWISE_GROUP)
+            d.run_emitted(&kernel, &meta, &[&x], &[&y], n, POINTWISE_GROUP)
         })?;
         // The chain's result, checked once against the CPU's formula on a few elements.
-        let (xs, ys) = (d.read(&x).map_err(gpu)?, d.read(&y).map_err(gpu)?);
+        let (xs, ys) = (d.read_f32(&x).map_err(gpu)?, d.read_f32(&y).map_err(gpu)?);
         for i in (0..n).step_by(n / 7) {
             let want = (xs[i] * 2.0 + 1.0).max(0.0) * 0.5 - 0.25;
             if (ys[i] - want).abs() > 1e-6 {
@@ -155,7 +158,7 @@ pub(super) fn cuda_chain() -> Result<()> {
                 )));
             }
         }
-        let copy = measure_gpu(&d, || d.copy(&x, &mut y))?;
+        let copy = measure_gpu(&d, || d.copy(&x, &y))?;
         let gbps = |t: &Timing| bytes / (t.median_us() * 1e-6) / 1e9;
         println!(
             "{}",
@@ -176,6 +179,76 @@ pub(super) fn cuda_chain() -> Result<()> {
                 .field("gbps", format!("{:.0}", gbps(&copy)))
         );
     }
+    Ok(())
+}
+
+/// Training steps on the CUDA device, as `models train --device cuda` runs them: the digits
+/// MLP (64-128-10, batch 256, dropout on, AdamW) and the GPT (4 layers, width 128, context
+/// 64, batch 32; clipping at 1, AdamW), each timed on the host from the call to the device
+/// being idle again (`Gpu::finish` after each step), as PyTorch's steps are timed with
+/// `torch.cuda.synchronize()` by `scripts/bench_gpu_peers.py`.
+pub(super) fn cuda_steps() -> Result<()> {
+    use crate::gpt::{CONTEXT, Gpt};
+    use crate::mlp::Mlp;
+    use rtx_core::schedule::clip_grad_norm;
+    let device = match Device::cuda(0) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("# skipped: cuda_steps: {e}");
+            return Ok(());
+        }
+    };
+    let finish = |d: &Device| -> Result<()> {
+        match d.gpu() {
+            Some(g) => g.finish().map_err(gpu),
+            None => Ok(()),
+        }
+    };
+    let (x, y) = super::steps::random_batch(1, &[256, 64])?;
+    let (x, y) = (x.to(&device)?, y.to(&device)?);
+    let mut mlp = Mlp::init(0);
+    mlp.to(&device)?;
+    let mut opt = AdamW::new(1e-3);
+    let mut ctx = Ctx::train(0);
+    let timing = super::measure(super::Plan::new(20, 300, 3_000), || {
+        let (loss, grads) = mlp.loss_and_grads(&mut ctx, &x, &y)?;
+        opt.step(&mut mlp, &grads)?;
+        std::hint::black_box(loss);
+        finish(&device)
+    })?;
+    println!(
+        "{}",
+        Line::new("cuda_mlp_step")
+            .field("batch", 256)
+            .timing(&timing)
+    );
+    let batch = 32;
+    let mut rng = Rng::new(3);
+    let ids = |rng: &mut Rng| -> Result<Tensor> {
+        let v = (0..batch * CONTEXT)
+            .map(|_| rng.below(crate::corpus::VOCAB) as i64)
+            .collect();
+        Tensor::from_i64(v, &[batch, CONTEXT])?.to(&device)
+    };
+    let (x, y) = (ids(&mut rng)?, ids(&mut rng)?);
+    let mut gpt = Gpt::init(0);
+    gpt.to(&device)?;
+    let mut opt = AdamW::new(1e-3).weight_decay(0.1).betas(0.9, 0.99);
+    let timing = super::measure(super::Plan::new(5, 100, 5_000), || {
+        let (loss, mut grads) = gpt.loss_and_grads(&mut ctx, &x, &y)?;
+        clip_grad_norm(&mut grads, 1.0)?;
+        opt.step(&mut gpt, &grads)?;
+        std::hint::black_box(loss);
+        finish(&device)
+    })?;
+    let tokens_per_s = (batch * CONTEXT) as f64 / (timing.median_us() * 1e-6);
+    println!(
+        "{}",
+        Line::new("cuda_gpt_step")
+            .field("batch", batch)
+            .timing(&timing)
+            .field("tokens_per_s", format!("{tokens_per_s:.0}"))
+    );
     Ok(())
 }
 

@@ -220,6 +220,11 @@ const GROUPS: &[Group] = &[
         names: &["cuda_chain", "cuda_copy"],
         run: cuda::cuda_chain,
     },
+    #[cfg(feature = "cuda")]
+    Group {
+        names: &["cuda_mlp_step", "cuda_gpt_step"],
+        run: cuda::cuda_steps,
+    },
 ];
 
 /// Every result name `models bench` can print, for `--filter` and its error message.

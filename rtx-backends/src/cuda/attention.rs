@@ -150,14 +150,14 @@ impl CudaDevice {
     pub fn attention(
         &self,
         shape: AttentionShape,
-        [q, k, v]: [&CudaBuffer<f32>; 3],
-        out: &mut CudaBuffer<f32>,
+        [q, k, v]: [&CudaBuffer; 3],
+        out: &CudaBuffer,
     ) -> Result<()> {
         let meta = shape.meta()?;
         self.run_kernel(
             &kernel("rtx_attention"),
             &meta,
-            &mut [Arg::In(q), Arg::In(k), Arg::In(v), Arg::Out(out)],
+            &[Arg::In(q), Arg::In(k), Arg::In(v), Arg::Out(out)],
             shape.slices * shape.queries,
             ATTENTION_BLOCK,
         )
@@ -168,8 +168,8 @@ impl CudaDevice {
     pub fn attention_grad(
         &self,
         shape: AttentionShape,
-        [q, k, v, g]: [&CudaBuffer<f32>; 4],
-        out: &mut CudaBuffer<f32>,
+        [q, k, v, g]: [&CudaBuffer; 4],
+        out: &CudaBuffer,
     ) -> Result<()> {
         let meta = shape.meta()?;
         if shape.queries != shape.keys || shape.value_head != shape.head {
@@ -178,16 +178,16 @@ impl CudaDevice {
             )));
         }
         let rows = shape.slices * shape.queries;
-        let mut stats = self.zeros::<f32>(rows * 3)?;
+        let stats = self.zeros(rows * 3)?;
         self.run_kernel(
             &kernel("rtx_attention_grad_q"),
             &meta,
-            &mut [
+            &[
                 Arg::In(q),
                 Arg::In(k),
                 Arg::In(v),
                 Arg::In(g),
-                Arg::Out(&mut stats),
+                Arg::Out(&stats),
                 Arg::Out(out),
             ],
             rows,
@@ -196,7 +196,7 @@ impl CudaDevice {
         self.run_kernel(
             &kernel("rtx_attention_grad_kv"),
             &meta,
-            &mut [
+            &[
                 Arg::In(q),
                 Arg::In(k),
                 Arg::In(v),

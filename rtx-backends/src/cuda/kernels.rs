@@ -229,7 +229,7 @@ fn kernel(entry: &'static str) -> CudaKernel<'static> {
 
 /// A strided view of a device buffer's values: element offset, then sizes and strides.
 pub struct CudaView<'a> {
-    pub buffer: &'a CudaBuffer<f32>,
+    pub buffer: &'a CudaBuffer,
     pub offset: usize,
     pub shape: Vec<usize>,
     pub strides: Vec<usize>,
@@ -243,7 +243,7 @@ impl CudaDevice {
         x: &CudaView,
         reduced: &[bool],
         mode: Reduce,
-        out: &mut CudaBuffer<f32>,
+        out: &CudaBuffer,
     ) -> Result<()> {
         let (meta, outputs) = kernel_meta::reduce(&x.shape, &x.strides, x.offset, reduced, mode)?;
         if out.len() < outputs {
@@ -256,7 +256,7 @@ impl CudaDevice {
         self.run_kernel(
             &kernel("rtx_reduce"),
             &meta,
-            &mut [Arg::In(x.buffer), Arg::Out(out)],
+            &[Arg::In(x.buffer), Arg::Out(out)],
             outputs,
             BLOCK,
         )
@@ -266,17 +266,17 @@ impl CudaDevice {
     /// `cols` (checked by the caller).
     pub fn pick(
         &self,
-        x: &CudaBuffer<f32>,
-        idx: &CudaBuffer<u32>,
+        x: &CudaBuffer,
+        idx: &CudaBuffer,
         rows: usize,
         cols: usize,
-        out: &mut CudaBuffer<f32>,
+        out: &CudaBuffer,
     ) -> Result<()> {
         let meta = kernel_meta::words(&[rows, cols], "pick size")?;
         self.run_kernel(
             &kernel("rtx_pick"),
             &meta,
-            &mut [Arg::In(x), Arg::Index(idx), Arg::Out(out)],
+            &[Arg::In(x), Arg::In(idx), Arg::Out(out)],
             rows,
             BLOCK,
         )
@@ -285,17 +285,17 @@ impl CudaDevice {
     /// `out[r, j] = g[r]` where `j == idx[r]`, else 0, over contiguous `[rows, cols]`.
     pub fn pick_grad(
         &self,
-        g: &CudaBuffer<f32>,
-        idx: &CudaBuffer<u32>,
+        g: &CudaBuffer,
+        idx: &CudaBuffer,
         rows: usize,
         cols: usize,
-        out: &mut CudaBuffer<f32>,
+        out: &CudaBuffer,
     ) -> Result<()> {
         let meta = kernel_meta::words(&[rows, cols], "pick size")?;
         self.run_kernel(
             &kernel("rtx_pick_grad"),
             &meta,
-            &mut [Arg::In(g), Arg::Index(idx), Arg::Out(out)],
+            &[Arg::In(g), Arg::In(idx), Arg::Out(out)],
             rows * cols,
             BLOCK,
         )
@@ -306,9 +306,9 @@ impl CudaDevice {
     pub fn gather_rows(
         &self,
         w: &CudaView,
-        ids: &CudaBuffer<u32>,
+        ids: &CudaBuffer,
         rows: usize,
-        out: &mut CudaBuffer<f32>,
+        out: &CudaBuffer,
     ) -> Result<()> {
         let (Some(&cols), [rs, cs]) = (w.shape.get(1), w.strides.as_slice()) else {
             return Err(GpuError::Call(format!(
@@ -320,7 +320,7 @@ impl CudaDevice {
         self.run_kernel(
             &kernel("rtx_gather_rows"),
             &meta,
-            &mut [Arg::In(w.buffer), Arg::Index(ids), Arg::Out(out)],
+            &[Arg::In(w.buffer), Arg::In(ids), Arg::Out(out)],
             rows * cols,
             BLOCK,
         )
@@ -330,23 +330,18 @@ impl CudaDevice {
     /// contiguous `g` of `cols` columns and `vocab` output rows.
     pub fn scatter_rows(
         &self,
-        g: &CudaBuffer<f32>,
-        starts: &CudaBuffer<u32>,
-        rows: &CudaBuffer<u32>,
+        g: &CudaBuffer,
+        starts: &CudaBuffer,
+        rows: &CudaBuffer,
         vocab: usize,
         cols: usize,
-        out: &mut CudaBuffer<f32>,
+        out: &CudaBuffer,
     ) -> Result<()> {
         let meta = kernel_meta::words(&[vocab, cols], "scatter size")?;
         self.run_kernel(
             &kernel("rtx_scatter_rows"),
             &meta,
-            &mut [
-                Arg::In(g),
-                Arg::Index(starts),
-                Arg::Index(rows),
-                Arg::Out(out),
-            ],
+            &[Arg::In(g), Arg::In(starts), Arg::In(rows), Arg::Out(out)],
             vocab * cols,
             BLOCK,
         )
@@ -357,7 +352,7 @@ impl CudaDevice {
     pub fn copy_into(
         &self,
         x: &CudaView,
-        out: &mut CudaBuffer<f32>,
+        out: &CudaBuffer,
         out_offset: usize,
         out_strides: &[usize],
     ) -> Result<()> {
@@ -367,7 +362,7 @@ impl CudaDevice {
         self.run_kernel(
             &kernel("rtx_copy_into"),
             &meta,
-            &mut [Arg::In(x.buffer), Arg::Out(out)],
+            &[Arg::In(x.buffer), Arg::Out(out)],
             n,
             BLOCK,
         )
@@ -378,15 +373,15 @@ impl CudaDevice {
         &self,
         shape: &[usize],
         reduced: &[bool],
-        g: &CudaBuffer<f32>,
-        firsts: &CudaBuffer<u32>,
-        out: &mut CudaBuffer<f32>,
+        g: &CudaBuffer,
+        firsts: &CudaBuffer,
+        out: &CudaBuffer,
     ) -> Result<()> {
         let meta = kernel_meta::scatter_first(shape, reduced)?;
         self.run_kernel(
             &kernel("rtx_scatter_first"),
             &meta,
-            &mut [Arg::In(g), Arg::Index(firsts), Arg::Out(out)],
+            &[Arg::In(g), Arg::In(firsts), Arg::Out(out)],
             shape.iter().product(),
             BLOCK,
         )
@@ -398,16 +393,16 @@ impl CudaDevice {
         &self,
         rule: UpdateRule,
         n: usize,
-        param: &mut CudaBuffer<f32>,
-        grad: &CudaBuffer<f32>,
-        first: &mut CudaBuffer<f32>,
-        second: &mut CudaBuffer<f32>,
+        param: &CudaBuffer,
+        grad: &CudaBuffer,
+        first: &CudaBuffer,
+        second: &CudaBuffer,
     ) -> Result<()> {
         let meta = kernel_meta::optimizer(rule, n)?;
         self.run_kernel(
             &kernel("rtx_optimizer_step"),
             &meta,
-            &mut [
+            &[
                 Arg::Out(param),
                 Arg::In(grad),
                 Arg::Out(first),
@@ -422,20 +417,20 @@ impl CudaDevice {
     /// into `values` and `positions` (`[rows, k]` each), `k <= n`.
     pub fn top_k(
         &self,
-        x: &CudaBuffer<f32>,
+        x: &CudaBuffer,
         (rows, n, k): (usize, usize, usize),
-        values: &mut CudaBuffer<f32>,
-        positions: &mut CudaBuffer<u32>,
+        values: &CudaBuffer,
+        positions: &CudaBuffer,
     ) -> Result<()> {
         let meta = top_k_meta(0, rows, n, k)?;
         self.run_kernel(
             &kernel("rtx_top_k"),
             &meta,
-            &mut [
+            &[
                 Arg::In(x),
                 Arg::In(x),
                 Arg::Out(values),
-                Arg::IndexOut(positions),
+                Arg::Out(positions),
             ],
             rows,
             BLOCK,
@@ -446,22 +441,17 @@ impl CudaDevice {
     /// the positions top-k picks from `x`.
     pub fn top_k_grad(
         &self,
-        x: &CudaBuffer<f32>,
-        g: &CudaBuffer<f32>,
+        x: &CudaBuffer,
+        g: &CudaBuffer,
         (rows, n, k): (usize, usize, usize),
-        out: &mut CudaBuffer<f32>,
+        out: &CudaBuffer,
     ) -> Result<()> {
         let meta = top_k_meta(1, rows, n, k)?;
-        let mut unused = self.zeros::<u32>(1)?;
+        let unused = self.zeros(1)?;
         self.run_kernel(
             &kernel("rtx_top_k"),
             &meta,
-            &mut [
-                Arg::In(x),
-                Arg::In(g),
-                Arg::Out(out),
-                Arg::IndexOut(&mut unused),
-            ],
+            &[Arg::In(x), Arg::In(g), Arg::Out(out), Arg::Out(&unused)],
             rows,
             BLOCK,
         )

@@ -11,8 +11,11 @@
 //! - `kernels.rs`: the core ops' own kernels (reductions, gathers, scatters, strided copies),
 //!   the wgpu backend's in CUDA C over the same meta words (`kernel_meta`); `attention.rs`
 //!   the attention forward and backward kernels, `window.rs` convolution and pooling.
+//! - `gemm.rs`: row-major products (strided, transposed, batched views) as cuBLAS calls.
 //! - `on_cpu.rs`: the same kernels built for this CPU by a C++ compiler and run thread by
-//!   thread, so tests check the CUDA text's values without a GPU.
+//!   thread, so tests check the CUDA text's values without a GPU; `host.rs` makes that a
+//!   whole device ([`CudaDevice::on_cpu`]: host buffers, the CPU's GEMM for cuBLAS), so
+//!   rtx-core's executor runs its CUDA path in CI.
 //!
 //! cudarc loads `libnvrtc`, `libcuda` and `libcublas` at run time (`dynamic-loading`):
 //! building needs no CUDA toolkit, and a machine without a library gets
@@ -27,12 +30,15 @@ use cudarc::nvrtc::{result, sys};
 pub use crate::gpu_error::{GpuError, Result};
 
 pub mod attention;
+mod gemm;
+mod host;
 pub mod kernels;
 pub mod on_cpu;
 mod runtime;
 pub mod window;
+pub use gemm::GemmShape;
 pub use kernels::CudaView;
-pub use runtime::{Arg, CudaBuffer, CudaDevice, CudaKernel, GemmShape, cuda_available};
+pub use runtime::{Arg, CudaBuffer, CudaDevice, CudaKernel, cuda_available};
 
 const NVRTC_HELP: &str = "install the wheel `nvidia-cuda-nvrtc-cu12` and put \
      site-packages/nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH";

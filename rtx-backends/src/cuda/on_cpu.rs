@@ -10,13 +10,13 @@
 //! or the launch itself: the runtime's tests do that on a GPU. CI runs it so that the CUDA
 //! text's meaning is checked on every commit, not only that NVRTC compiles it.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::ffi::c_void;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Mutex;
 
 use super::{GpuError, Result};
 
@@ -54,7 +54,7 @@ type Launch = unsafe extern "C" fn(*const *mut c_void, u32, u32, u32, u32, u32, 
 pub struct CudaOnCpu {
     dir: PathBuf,
     compiler: String,
-    launches: RefCell<HashMap<u64, (libloading::Library, Launch)>>,
+    launches: Mutex<HashMap<u64, (libloading::Library, Launch)>>,
 }
 
 impl CudaOnCpu {
@@ -76,7 +76,7 @@ impl CudaOnCpu {
         Ok(CudaOnCpu {
             dir,
             compiler,
-            launches: RefCell::new(HashMap::new()),
+            launches: Mutex::new(HashMap::new()),
         })
     }
 
@@ -85,11 +85,21 @@ impl CudaOnCpu {
         format!("the CPU ({} under a CUDA shim)", self.compiler)
     }
 
-    fn build(&self, name: &str, source: &str, entry: &str) -> Result<Launch> {
+    /// Builds kernel `entry` of `source` (once per process) without running it.
+    pub fn build(&self, name: &str, source: &str, entry: &str) -> Result<()> {
+        self.launcher(name, source, entry).map(|_| ())
+    }
+
+    fn launcher(&self, name: &str, source: &str, entry: &str) -> Result<Launch> {
         let mut h = DefaultHasher::new();
         (source, entry).hash(&mut h);
         let key = h.finish();
-        if let Some((_, f)) = self.launches.borrow().get(&key) {
+        // Held while building, so that two threads asking for one kernel build it once.
+        let mut launches = self
+            .launches
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((_, f)) = launches.get(&key) {
             return Ok(*f);
         }
         if source.contains("__syncthreads") || source.contains("__shared__") {
@@ -143,7 +153,7 @@ impl CudaOnCpu {
             *lib.get::<Launch>(b"rtx_launch\0")
                 .map_err(|e| GpuError::Call(e.to_string()))?
         };
-        self.launches.borrow_mut().insert(key, (lib, f));
+        launches.insert(key, (lib, f));
         Ok(f)
     }
 
@@ -162,7 +172,7 @@ impl CudaOnCpu {
         grid: [u32; 3],
         block: [u32; 3],
     ) -> Result<()> {
-        let f = self.build(name, source, entry)?;
+        let f = self.launcher(name, source, entry)?;
         // SAFETY: the caller's guarantees; the launcher passes each pointer to its parameter.
         unsafe {
             f(

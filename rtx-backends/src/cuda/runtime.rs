@@ -1,5 +1,5 @@
 //! The CUDA runtime: one device, one stream, the kernels `rtx_ir::emit` writes for the fusion
-//! plan loaded from their cubins, and cuBLAS for the products.
+//! plan loaded from their cubins, and cuBLAS for the products (`gemm.rs`).
 //!
 //! - The driver (`libcuda`) and cuBLAS are loaded at run time by cudarc (`dynamic-loading`),
 //!   so building needs no toolkit; [`CudaDevice::open`] on a machine without them, or
@@ -13,19 +13,25 @@
 //! - Kernels are compiled for the device's own architecture through the persistent cache
 //!   (`compile_cached`), then loaded once per process and looked up by source hash.
 //! - Host reads synchronize the stream; nothing else waits.
+//!
+//! [`CudaDevice::on_cpu`] is the same device with its kernels run on the CPU instead
+//! (`host.rs`: the CUDA C built by `c++` under a shim, every thread in turn, and the CPU's
+//! GEMM for cuBLAS's products), so every path above the driver calls, rtx-core's executor
+//! included, is tested on machines without a GPU.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
-    DriverError, LaunchConfig, PushKernelArg, ValidAsZeroBits, sys as driver_sys,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig,
+    PushKernelArg, sys as driver_sys,
 };
 use cudarc::nvrtc::Ptx;
 
+use super::host::{Host, HostWords};
 use super::{GpuError, Result, compile_cached};
 use crate::kernel_cache::KernelCache;
 
@@ -42,73 +48,88 @@ pub struct CudaKernel<'a> {
     pub entry: &'a str,
 }
 
-/// `len` values of `T` on a [`CudaDevice`]; freed (into the device's pool) on drop.
-pub struct CudaBuffer<T> {
-    slice: CudaSlice<T>,
+/// `len` 32-bit words on a [`CudaDevice`] (f32 values, u32 indices, or bf16 pairs), as
+/// a wgpu buffer holds them; freed (into the device's pool) on drop. Kernels take buffers
+/// by shared reference, like wgpu's: device memory is not Rust memory, and every launch
+/// runs in order on the one stream, so a kernel's writes never race a later read.
+pub struct CudaBuffer {
+    words: Words,
 }
 
-impl<T> CudaBuffer<T> {
+enum Words {
+    Device(CudaSlice<u32>),
+    /// On a device that runs its kernels on the CPU.
+    Host(HostWords),
+}
+
+impl CudaBuffer {
     pub fn len(&self) -> usize {
-        self.slice.len()
+        match &self.words {
+            Words::Device(s) => s.len(),
+            Words::Host(h) => h.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slice.len() == 0
+        self.len() == 0
     }
-}
 
-/// One parameter of a kernel after its meta words.
-pub enum Arg<'a> {
-    /// Values the kernel reads.
-    In(&'a CudaBuffer<f32>),
-    /// u32 indices the kernel reads.
-    Index(&'a CudaBuffer<u32>),
-    /// Values the kernel writes.
-    Out(&'a mut CudaBuffer<f32>),
-    /// u32 indices the kernel writes.
-    IndexOut(&'a mut CudaBuffer<u32>),
-}
+    pub(super) fn device_slice(&self) -> Result<&CudaSlice<u32>> {
+        match &self.words {
+            Words::Device(s) => Ok(s),
+            Words::Host(_) => Err(GpuError::Call(
+                "a buffer of the CPU stand-in given to a GPU".into(),
+            )),
+        }
+    }
 
-/// A row-major product `C[m, n] = A[m, k] @ B[k, n]` for cuBLAS, `batches` times with the
-/// given element strides between matrices (0: one matrix for every batch). `a_transposed`:
-/// A is stored as `[k, m]`; `b_transposed`: B as `[n, k]` (a Linear's weight).
-#[derive(Clone, Copy, Debug)]
-pub struct GemmShape {
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub a_transposed: bool,
-    pub b_transposed: bool,
-    pub batches: usize,
-    pub stride_a: usize,
-    pub stride_b: usize,
-    pub stride_c: usize,
-}
-
-impl GemmShape {
-    /// One product of contiguous row-major matrices.
-    pub fn plain(m: usize, n: usize, k: usize) -> GemmShape {
-        GemmShape {
-            m,
-            n,
-            k,
-            a_transposed: false,
-            b_transposed: false,
-            batches: 1,
-            stride_a: m * k,
-            stride_b: k * n,
-            stride_c: m * n,
+    pub(super) fn host_words(&self) -> Result<&HostWords> {
+        match &self.words {
+            Words::Host(h) => Ok(h),
+            Words::Device(_) => Err(GpuError::Call(
+                "a GPU buffer given to the CPU stand-in".into(),
+            )),
         }
     }
 }
 
-/// One CUDA device with its stream, cuBLAS handle and loaded kernels.
+/// One parameter of a kernel after its meta words (which side of the kernel it is on, for
+/// the reader: both are pointers).
+pub enum Arg<'a> {
+    /// Values or indices the kernel reads.
+    In(&'a CudaBuffer),
+    /// Values or indices the kernel writes.
+    Out(&'a CudaBuffer),
+}
+
+impl Arg<'_> {
+    fn buffer(&self) -> &CudaBuffer {
+        match self {
+            Arg::In(b) | Arg::Out(b) => b,
+        }
+    }
+}
+
+/// One CUDA device with its stream, cuBLAS handle and loaded kernels (or the CPU standing in
+/// for them, [`CudaDevice::on_cpu`]).
 pub struct CudaDevice {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    blas: CudaBlas,
+    runner: Runner,
+    ordinal: usize,
     name: String,
     arch: String,
+}
+
+/// What runs a device's work.
+pub(super) enum Runner {
+    Driver(Driver),
+    Host(Host),
+}
+
+/// A GPU through the driver: its context, stream, cuBLAS handle and loaded kernels.
+pub(super) struct Driver {
+    ctx: Arc<CudaContext>,
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) blas: CudaBlas,
     cache: KernelCache,
     functions: Mutex<HashMap<u64, CudaFunction>>,
 }
@@ -173,14 +194,42 @@ impl CudaDevice {
         let blas = CudaBlas::new(Arc::clone(&stream))
             .map_err(|e| GpuError::Call(format!("cublasCreate: {e:?}")))?;
         Ok(CudaDevice {
-            ctx,
-            stream,
-            blas,
+            runner: Runner::Driver(Driver {
+                ctx,
+                stream,
+                blas,
+                cache: KernelCache::default_location(),
+                functions: Mutex::new(HashMap::new()),
+            }),
+            ordinal,
             name,
             arch: format!("sm_{major}{minor}"),
-            cache: KernelCache::default_location(),
-            functions: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// A device whose kernels run on this CPU (see the module's docs): the host's `c++`
+    /// builds each kernel under a CUDA shim and runs its grid thread by thread, and the CPU's
+    /// GEMM computes what cuBLAS would. For tests on machines without a GPU; slow, and it
+    /// refuses kernels that share memory between threads. Without a C++ compiler it is
+    /// `GpuError::MissingLibrary`.
+    pub fn on_cpu() -> Result<CudaDevice> {
+        let host = Host::open()?;
+        let name = host.describe();
+        Ok(CudaDevice {
+            runner: Runner::Host(host),
+            ordinal: 0,
+            name,
+            arch: "cpu".into(),
+        })
+    }
+
+    pub(super) fn runner(&self) -> &Runner {
+        &self.runner
+    }
+
+    /// Whether the CPU runs this device's kernels ([`CudaDevice::on_cpu`]).
+    pub fn is_on_cpu(&self) -> bool {
+        matches!(self.runner, Runner::Host(_))
     }
 
     /// The GPU's name and architecture, e.g. `NVIDIA H200 (sm_90)`.
@@ -188,72 +237,138 @@ impl CudaDevice {
         format!("{} ({})", self.name, self.arch)
     }
 
-    /// The architecture kernels are compiled for, e.g. `sm_90`.
+    /// Which GPU of the machine this is (0 for the first).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The architecture kernels are compiled for, e.g. `sm_90` (`cpu` on the stand-in).
     pub fn arch(&self) -> &str {
         &self.arch
     }
 
+    fn upload_words(&self, words: &[u32]) -> Result<CudaBuffer> {
+        let words = match &self.runner {
+            Runner::Driver(d) => {
+                let bytes = std::mem::size_of_val(words) as u64;
+                Words::Device(d.stream.clone_htod(words).map_err(alloc_error(bytes))?)
+            }
+            Runner::Host(_) => Words::Host(HostWords::new(words.to_vec())),
+        };
+        Ok(CudaBuffer { words })
+    }
+
     /// A buffer holding `data`.
-    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaBuffer<T>> {
-        let bytes = std::mem::size_of_val(data) as u64;
-        let slice = self.stream.clone_htod(data).map_err(alloc_error(bytes))?;
-        Ok(CudaBuffer { slice })
+    pub fn upload_f32(&self, data: &[f32]) -> Result<CudaBuffer> {
+        let words: Vec<u32> = data.iter().map(|v| v.to_bits()).collect();
+        self.upload_words(&words)
     }
 
-    /// A buffer of `len` zeros.
-    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaBuffer<T>> {
-        let bytes = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
-        let slice = self.stream.alloc_zeros(len).map_err(alloc_error(bytes))?;
-        Ok(CudaBuffer { slice })
+    /// A buffer holding `data` (indices, meta words).
+    pub fn upload_u32(&self, data: &[u32]) -> Result<CudaBuffer> {
+        self.upload_words(data)
     }
 
-    /// The values of `buf`, copied back once the stream's earlier work is done.
-    pub fn read<T: DeviceRepr + Default + Clone>(&self, buf: &CudaBuffer<T>) -> Result<Vec<T>> {
-        let out = self
-            .stream
-            .clone_dtoh(&buf.slice)
-            .map_err(call("cuMemcpyDtoHAsync"))?;
-        self.synchronize()?;
-        Ok(out)
+    /// A buffer holding bf16 values (raw bits), two per word, the last word padded with 0.
+    pub fn upload_bf16(&self, data: &[u16]) -> Result<CudaBuffer> {
+        let words: Vec<u32> = data
+            .chunks(2)
+            .map(|p| u32::from(p[0]) | (u32::from(p.get(1).copied().unwrap_or(0)) << 16))
+            .collect();
+        self.upload_words(&words)
+    }
+
+    /// A buffer of `len` zero words.
+    pub fn zeros(&self, len: usize) -> Result<CudaBuffer> {
+        let bytes = (len as u64).saturating_mul(4);
+        let words = match &self.runner {
+            Runner::Driver(d) => {
+                Words::Device(d.stream.alloc_zeros(len).map_err(alloc_error(bytes))?)
+            }
+            Runner::Host(_) => Words::Host(HostWords::zeros(len)?),
+        };
+        Ok(CudaBuffer { words })
+    }
+
+    /// The words of `buf`, copied back once the stream's earlier work is done.
+    pub fn read_u32(&self, buf: &CudaBuffer) -> Result<Vec<u32>> {
+        match &self.runner {
+            Runner::Driver(d) => {
+                let out = d
+                    .stream
+                    .clone_dtoh(buf.device_slice()?)
+                    .map_err(call("cuMemcpyDtoHAsync"))?;
+                self.synchronize()?;
+                Ok(out)
+            }
+            Runner::Host(h) => Ok(h.read(buf.host_words()?)),
+        }
+    }
+
+    /// The values of `buf` as f32.
+    pub fn read_f32(&self, buf: &CudaBuffer) -> Result<Vec<f32>> {
+        Ok(self
+            .read_u32(buf)?
+            .into_iter()
+            .map(f32::from_bits)
+            .collect())
+    }
+
+    /// The first `len` bf16 values (raw bits) of `buf`.
+    pub fn read_bf16(&self, buf: &CudaBuffer, len: usize) -> Result<Vec<u16>> {
+        let words = self.read_u32(buf)?;
+        Ok(words
+            .iter()
+            .flat_map(|w| [*w as u16, (*w >> 16) as u16])
+            .take(len)
+            .collect())
     }
 
     /// Copies `src` into `dst` (the same length) on the stream.
-    pub fn copy(&self, src: &CudaBuffer<f32>, dst: &mut CudaBuffer<f32>) -> Result<()> {
+    pub fn copy(&self, src: &CudaBuffer, dst: &CudaBuffer) -> Result<()> {
         if src.len() != dst.len() {
             return Err(GpuError::Call(format!(
-                "copy of {} values into a buffer of {}",
+                "copy of {} words into a buffer of {}",
                 src.len(),
                 dst.len()
             )));
         }
-        self.stream
-            .memcpy_dtod(&src.slice, &mut dst.slice)
-            .map_err(call("cuMemcpyDtoDAsync"))
+        let d = match &self.runner {
+            Runner::Driver(d) => d,
+            Runner::Host(h) => {
+                h.copy(src.host_words()?, dst.host_words()?);
+                return Ok(());
+            }
+        };
+        let (from, _r) = src.device_slice()?.device_ptr(&d.stream);
+        let (to, _w) = dst.device_slice()?.device_ptr(&d.stream);
+        // SAFETY: both buffers hold `len` words (checked above) and stay alive while the
+        // guards do; the copy is ordered on the stream with every other use of them.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(to, from, src.len() * 4, d.stream.cu_stream())
+        }
+        .map_err(call("cuMemcpyDtoDAsync"))
     }
 
     /// Waits for everything queued on the stream.
     pub fn synchronize(&self) -> Result<()> {
-        self.stream
-            .synchronize()
-            .map_err(call("cuStreamSynchronize"))
+        match &self.runner {
+            Runner::Driver(d) => d.stream.synchronize().map_err(call("cuStreamSynchronize")),
+            Runner::Host(_) => Ok(()),
+        }
     }
 
     /// `kernel` compiled for this device (or found in the disk cache) and loaded, once per
     /// process.
-    fn function(&self, kernel: &CudaKernel) -> Result<CudaFunction> {
+    fn function(&self, d: &Driver, kernel: &CudaKernel) -> Result<CudaFunction> {
         let mut h = DefaultHasher::new();
         (kernel.source, kernel.entry).hash(&mut h);
         let key = h.finish();
-        if let Some(f) = self
-            .functions
-            .lock()
-            .ok()
-            .and_then(|c| c.get(&key).cloned())
-        {
+        if let Some(f) = d.functions.lock().ok().and_then(|c| c.get(&key).cloned()) {
             return Ok(f);
         }
-        let compiled = compile_cached(&self.cache, kernel.name, kernel.source, &self.arch, &[])?;
-        let module = self
+        let compiled = compile_cached(&d.cache, kernel.name, kernel.source, &self.arch, &[])?;
+        let module = d
             .ctx
             .load_module(Ptx::from_binary(compiled.cubin))
             .map_err(|e| GpuError::Compile {
@@ -266,7 +381,7 @@ impl CudaDevice {
                 name: kernel.name.to_string(),
                 message: format!("no entry `{}`: {e:?}", kernel.entry),
             })?;
-        if let Ok(mut c) = self.functions.lock() {
+        if let Ok(mut c) = d.functions.lock() {
             c.insert(key, f.clone());
         }
         Ok(f)
@@ -274,7 +389,10 @@ impl CudaDevice {
 
     /// Compiles and loads `kernel` without running it.
     pub fn load(&self, kernel: &CudaKernel) -> Result<()> {
-        self.function(kernel).map(|_| ())
+        match &self.runner {
+            Runner::Driver(d) => self.function(d, kernel).map(|_| ()),
+            Runner::Host(h) => h.build(kernel),
+        }
     }
 
     /// Runs an emitted pointwise or row kernel (`rtx_ir::emit`: parameters meta, inputs,
@@ -284,14 +402,14 @@ impl CudaDevice {
         &self,
         kernel: &CudaKernel,
         meta: &[u32],
-        inputs: &[&CudaBuffer<f32>],
-        outputs: &mut [&mut CudaBuffer<f32>],
+        inputs: &[&CudaBuffer],
+        outputs: &[&CudaBuffer],
         threads: usize,
         group: u32,
     ) -> Result<()> {
         let mut args: Vec<Arg> = inputs.iter().map(|b| Arg::In(b)).collect();
-        args.extend(outputs.iter_mut().map(|b| Arg::Out(b)));
-        self.run_kernel(kernel, meta, &mut args, threads, group)
+        args.extend(outputs.iter().map(|b| Arg::Out(b)));
+        self.run_kernel(kernel, meta, &args, threads, group)
     }
 
     /// Runs `kernel` (parameters: the meta words, then `args` in order) over `threads`
@@ -300,15 +418,13 @@ impl CudaDevice {
         &self,
         kernel: &CudaKernel,
         meta: &[u32],
-        args: &mut [Arg],
+        args: &[Arg],
         threads: usize,
         group: u32,
     ) -> Result<()> {
         if threads == 0 {
             return Ok(());
         }
-        let f = self.function(kernel)?;
-        let meta = self.upload(meta)?;
         let blocks = threads.div_ceil(group.max(1) as usize);
         // The kernels' index is (blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x.
         let x = blocks.min(i32::MAX as usize);
@@ -320,130 +436,61 @@ impl CudaDevice {
                 x * 65535
             )));
         }
+        let d = match &self.runner {
+            Runner::Driver(d) => d,
+            Runner::Host(h) => {
+                let buffers = args
+                    .iter()
+                    .map(|a| a.buffer().host_words())
+                    .collect::<Result<Vec<_>>>()?;
+                return h.launch(kernel, meta, &buffers, [x as u32, y as u32], group);
+            }
+        };
+        let f = self.function(d, kernel)?;
+        let meta = self.upload_u32(meta)?;
         let cfg = LaunchConfig {
             grid_dim: (x as u32, y as u32, 1),
             block_dim: (group, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = self.stream.launch_builder(&f);
-        launch.arg(&meta.slice);
-        for arg in args.iter_mut() {
-            match arg {
-                Arg::In(b) => launch.arg(&b.slice),
-                Arg::Index(b) => launch.arg(&b.slice),
-                Arg::Out(b) => launch.arg(&mut b.slice),
-                Arg::IndexOut(b) => launch.arg(&mut b.slice),
-            };
+        // Raw device pointers, so that buffers written are taken by shared reference (the
+        // guards do nothing with event tracking off, and live until the launch is queued).
+        let (meta_ptr, _meta_guard) = meta.device_slice()?.device_ptr(&d.stream);
+        let slices = args
+            .iter()
+            .map(|a| a.buffer().device_slice())
+            .collect::<Result<Vec<_>>>()?;
+        let pointers: Vec<_> = slices.iter().map(|s| s.device_ptr(&d.stream)).collect();
+        let mut launch = d.stream.launch_builder(&f);
+        launch.arg(&meta_ptr);
+        for (ptr, _) in &pointers {
+            launch.arg(ptr);
         }
-        // SAFETY: the kernel takes exactly these pointers (meta, then `args`) with these
-        // element types, and reads and writes only the elements its meta words describe,
-        // which the caller sized the buffers for.
+        // SAFETY: the kernel takes exactly these pointers (meta, then `args`), and reads and
+        // writes only the elements its meta words describe, which the caller sized the
+        // buffers for.
         unsafe { launch.launch(cfg) }
             .map(|_| ())
             .map_err(|e| GpuError::Call(format!("`{}`: {e:?}", kernel.name)))
     }
 
-    /// `c = a @ b` in f32 through cuBLAS (`cublasSgemm`, strided-batched for several).
-    pub fn gemm_f32(
-        &self,
-        shape: GemmShape,
-        a: &CudaBuffer<f32>,
-        b: &CudaBuffer<f32>,
-        c: &mut CudaBuffer<f32>,
-    ) -> Result<()> {
-        let s = check_gemm(shape, a.len(), b.len(), c.len())?;
-        let gemm = GemmConfig {
-            transa: s.op_first,
-            transb: s.op_second,
-            m: s.m,
-            n: s.n,
-            k: s.k,
-            alpha: 1.0f32,
-            lda: s.ld_first,
-            ldb: s.ld_second,
-            beta: 0.0f32,
-            ldc: s.ldc,
-        };
-        // SAFETY: `check_gemm` checked that every matrix of every batch lies inside its
-        // buffer at these leading dimensions and strides.
-        let done = unsafe {
-            if shape.batches == 1 {
-                self.blas.gemm(gemm, &b.slice, &a.slice, &mut c.slice)
-            } else {
-                self.blas.gemm_strided_batched(
-                    StridedBatchedConfig {
-                        gemm,
-                        batch_size: s.batches,
-                        stride_a: shape.stride_b as i64,
-                        stride_b: shape.stride_a as i64,
-                        stride_c: shape.stride_c as i64,
-                    },
-                    &b.slice,
-                    &a.slice,
-                    &mut c.slice,
-                )
+    /// Milliseconds the stream spends on `f`'s work, between two events recorded around it
+    /// (on the CPU stand-in, the wall time of `f`).
+    pub fn time_ms(&self, f: impl FnOnce() -> Result<()>) -> Result<f32> {
+        let d = match &self.runner {
+            Runner::Driver(d) => d,
+            Runner::Host(_) => {
+                let t = std::time::Instant::now();
+                f()?;
+                return Ok(t.elapsed().as_secs_f32() * 1e3);
             }
         };
-        done.map_err(|e| GpuError::Call(format!("cublasSgemm: {e:?}")))
-    }
-
-    /// `c = a @ b` with bf16 operands and result (raw bf16 bits) and f32 accumulation, on
-    /// the tensor cores (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`): what `torch.matmul` runs for
-    /// bfloat16 tensors.
-    pub fn gemm_bf16(
-        &self,
-        shape: GemmShape,
-        a: &CudaBuffer<u16>,
-        b: &CudaBuffer<u16>,
-        c: &mut CudaBuffer<u16>,
-    ) -> Result<()> {
-        use cudarc::cublas::{result, sys};
-        let s = check_gemm(shape, a.len(), b.len(), c.len())?;
-        if shape.batches != 1 {
-            return Err(GpuError::Call(
-                "batched bf16 products are not supported yet".into(),
-            ));
-        }
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let (pa, _ra) = a.slice.device_ptr(&self.stream);
-        let (pb, _rb) = b.slice.device_ptr(&self.stream);
-        let (pc, _rc) = c.slice.device_ptr_mut(&self.stream);
-        // SAFETY: as for `gemm_f32`; the pointers stay valid while the guards live, and
-        // alpha and beta are f32 as CUBLAS_COMPUTE_32F requires.
-        unsafe {
-            result::gemm_ex(
-                *self.blas.handle(),
-                s.op_first,
-                s.op_second,
-                s.m,
-                s.n,
-                s.k,
-                (&alpha) as *const f32 as *const _,
-                pb as *const _,
-                sys::cudaDataType_t::CUDA_R_16BF,
-                s.ld_first,
-                pa as *const _,
-                sys::cudaDataType_t::CUDA_R_16BF,
-                s.ld_second,
-                (&beta) as *const f32 as *const _,
-                pc as *mut _,
-                sys::cudaDataType_t::CUDA_R_16BF,
-                s.ldc,
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| GpuError::Call(format!("cublasGemmEx (bf16): {e:?}")))
-    }
-
-    /// Milliseconds the stream spends on `f`'s work, between two events recorded around it.
-    pub fn time_ms(&self, f: impl FnOnce() -> Result<()>) -> Result<f32> {
-        let start = self
+        let start = d
             .stream
             .record_event(Some(driver_sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(call("cuEventRecord"))?;
         f()?;
-        let end = self
+        let end = d
             .stream
             .record_event(Some(driver_sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(call("cuEventRecord"))?;
@@ -471,103 +518,4 @@ fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
     }
     .result()
     .map_err(call("cuMemPoolSetAttribute"))
-}
-
-/// A row-major product as cuBLAS's column-major call: `C^T = B^T A^T`, so B is the first
-/// operand and A the second.
-struct ColumnMajor {
-    op_first: cudarc::cublas::sys::cublasOperation_t,
-    op_second: cudarc::cublas::sys::cublasOperation_t,
-    m: i32,
-    n: i32,
-    k: i32,
-    ld_first: i32,
-    ld_second: i32,
-    ldc: i32,
-    batches: i32,
-}
-
-/// Checks that every matrix of `shape` lies inside buffers of `a`, `b` and `c` values and
-/// that cuBLAS's 32-bit sizes hold it, and gives the column-major call.
-fn check_gemm(shape: GemmShape, a: usize, b: usize, c: usize) -> Result<ColumnMajor> {
-    use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
-    let GemmShape { m, n, k, .. } = shape;
-    let fits = |len: usize, stride: usize, size: usize| {
-        shape
-            .batches
-            .checked_sub(1)
-            .and_then(|last| last.checked_mul(stride))
-            .and_then(|first| first.checked_add(size))
-            .is_some_and(|end| end <= len)
-    };
-    let int = |v: usize| i32::try_from(v).ok();
-    let (Some(mi), Some(ni), Some(ki), Some(bi)) = (int(m), int(n), int(k), int(shape.batches))
-    else {
-        return Err(GpuError::Call(format!(
-            "product {m}x{k}x{n} ({} batches) exceeds cuBLAS's 32-bit sizes",
-            shape.batches
-        )));
-    };
-    if shape.batches == 0
-        || !fits(a, shape.stride_a, m * k)
-        || !fits(b, shape.stride_b, k * n)
-        || !fits(c, shape.stride_c, m * n)
-    {
-        return Err(GpuError::Call(format!(
-            "product {m}x{k}x{n} over {} batches does not fit buffers of {a}, {b} and {c} values",
-            shape.batches
-        )));
-    }
-    Ok(ColumnMajor {
-        // B row-major [k, n] is column-major [n, k] (leading dimension n); stored as [n, k]
-        // it is column-major [k, n], transposed.
-        op_first: if shape.b_transposed {
-            CUBLAS_OP_T
-        } else {
-            CUBLAS_OP_N
-        },
-        ld_first: if shape.b_transposed { ki } else { ni },
-        op_second: if shape.a_transposed {
-            CUBLAS_OP_T
-        } else {
-            CUBLAS_OP_N
-        },
-        ld_second: if shape.a_transposed { mi } else { ki },
-        m: ni,
-        n: mi,
-        k: ki,
-        ldc: ni,
-        batches: bi,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{GemmShape, check_gemm};
-
-    #[test]
-    fn a_row_major_product_becomes_the_transposed_column_major_call() {
-        let s = check_gemm(GemmShape::plain(3, 5, 7), 21, 35, 15).unwrap();
-        assert_eq!((s.m, s.n, s.k), (5, 3, 7));
-        assert_eq!((s.ld_first, s.ld_second, s.ldc), (5, 7, 5));
-        let t = GemmShape {
-            a_transposed: true,
-            b_transposed: true,
-            ..GemmShape::plain(3, 5, 7)
-        };
-        let s = check_gemm(t, 21, 35, 15).unwrap();
-        assert_eq!((s.ld_first, s.ld_second), (7, 3));
-    }
-
-    #[test]
-    fn a_product_past_its_buffers_is_refused() {
-        assert!(check_gemm(GemmShape::plain(3, 5, 7), 20, 35, 15).is_err());
-        let batched = GemmShape {
-            batches: 2,
-            ..GemmShape::plain(3, 5, 7)
-        };
-        assert!(check_gemm(batched, 42, 70, 29).is_err());
-        assert!(check_gemm(batched, 42, 70, 30).is_ok());
-        assert!(check_gemm(GemmShape::plain(1 << 31, 1, 1), usize::MAX, 1, usize::MAX).is_err());
-    }
 }

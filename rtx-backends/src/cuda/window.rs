@@ -172,9 +172,9 @@ impl CudaDevice {
         &self,
         pass: ConvPass,
         shape: ConvShape,
-        a: &CudaBuffer<f32>,
-        b: &CudaBuffer<f32>,
-        out: &mut CudaBuffer<f32>,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        out: &CudaBuffer,
     ) -> Result<()> {
         let (meta, outputs) = kernel_meta::conv2d(pass, shape)?;
         if out.len() < outputs {
@@ -186,7 +186,7 @@ impl CudaDevice {
         self.run_kernel(
             &kernel("rtx_conv2d"),
             &meta,
-            &mut [Arg::In(a), Arg::In(b), Arg::Out(out)],
+            &[Arg::In(a), Arg::In(b), Arg::Out(out)],
             outputs,
             WINDOW_BLOCK,
         )
@@ -201,9 +201,9 @@ impl CudaDevice {
         x_shape: [usize; 4],
         window: ([usize; 2], [usize; 2], [usize; 2]),
         out_hw: [usize; 2],
-        a: &CudaBuffer<f32>,
-        b: &CudaBuffer<f32>,
-        out: &mut CudaBuffer<f32>,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        out: &CudaBuffer,
     ) -> Result<()> {
         let (meta, outputs) = kernel_meta::pool2d(pass, x_shape, window, out_hw)?;
         if out.len() < outputs {
@@ -215,7 +215,7 @@ impl CudaDevice {
         self.run_kernel(
             &kernel("rtx_pool2d"),
             &meta,
-            &mut [Arg::In(a), Arg::In(b), Arg::Out(out)],
+            &[Arg::In(a), Arg::In(b), Arg::Out(out)],
             outputs,
             WINDOW_BLOCK,
         )

@@ -23,13 +23,19 @@ struct Plan {
     frees: Vec<Vec<NodeId>>,
 }
 
-type PlanKey = (usize, bool);
+/// A function, whether the pass has its backward, and whether its kernels are CUDA C.
+type PlanKey = (usize, bool, bool);
 
 static PLANS: Mutex<Vec<(PlanKey, Arc<Plan>)>> = Mutex::new(Vec::new());
 
-/// The plan of `f` (forward alone, or with `backward`), made once per process.
-fn plan_of(f: &'static GraphFn, backward: bool) -> Result<Arc<Plan>> {
-    let key = (f as *const GraphFn as usize, backward);
+/// The plan of `f` (forward alone, or with `backward`) with kernels for `target`, made once
+/// per process.
+fn plan_of(f: &'static GraphFn, backward: bool, target: Target) -> Result<Arc<Plan>> {
+    let key = (
+        f as *const GraphFn as usize,
+        backward,
+        target == Target::Cuda,
+    );
     if let Ok(plans) = PLANS.lock()
         && let Some((_, p)) = plans.iter().find(|(k, _)| *k == key)
     {
@@ -46,7 +52,7 @@ fn plan_of(f: &'static GraphFn, backward: bool) -> Result<Arc<Plan>> {
     let kernels = steps
         .iter()
         .enumerate()
-        .map(|(i, s)| kernel(&f.graph, s, &format!("{}_{pass}_{i}", f.name), Target::Wgsl))
+        .map(|(i, s)| kernel(&f.graph, s, &format!("{}_{pass}_{i}", f.name), target))
         .collect();
     let mut roots = vec![f.output];
     if backward {
@@ -194,7 +200,10 @@ fn run(
     inputs: &[&Tensor],
     backward: bool,
 ) -> Result<Values> {
-    let plan = plan_of(f, backward)?;
+    let gpu = device
+        .gpu()
+        .ok_or_else(|| RtxError::Gpu("a device plan for tensors on the cpu".into()))?;
+    let plan = plan_of(f, backward, ops::target(gpu))?;
     let mut params = HashMap::new();
     module.visit_params("", &mut |name, t| {
         params.insert(name.to_string(), t.clone());
@@ -238,7 +247,7 @@ fn run(
 /// Waits for everything queued on `device` (for `RTX_PROFILE`'s per-step times).
 fn sync(device: &Device) -> Result<()> {
     match device {
-        Device::Wgpu(d) => Ok(d.finish()?),
+        Device::Gpu(d) => Ok(d.finish()?),
         Device::Cpu => Ok(()),
     }
 }
@@ -301,10 +310,11 @@ fn run_step(
             matmul,
             shape_of,
             inputs,
+            body,
             outputs,
-            ..
         } => {
-            // One kernel: the GEMM runs the group on each value it finishes.
+            // On wgpu one kernel (the GEMM runs the group on each value it finishes); on
+            // CUDA cuBLAS, then the group over the product.
             let kernel =
                 kernel.ok_or_else(|| RtxError::Gpu("a matmul epilogue has no kernel".into()))?;
             let product = v.f.graph.node(*matmul);
@@ -319,9 +329,12 @@ fn run_step(
             let outs = super::gemm::gemm_epilogue(
                 (&a, &b, &product_shape),
                 &refs,
-                outputs.len(),
+                super::gemm::Epilogue {
+                    body,
+                    outputs,
+                    kernel,
+                },
                 &shape,
-                kernel,
                 ctx,
             )?;
             for (&o, t) in outputs.iter().zip(outs) {
@@ -385,7 +398,7 @@ fn rows(
         .collect::<Result<_>>()?;
     let cols = wide.last().copied().unwrap_or(1).max(1);
     let rows = wide.iter().product::<usize>() / cols;
-    device.run_pointwise(
+    device.run_emitted(
         &ops::as_kernel(kernel),
         &ops::meta(inputs, wide, ctx)?,
         &ins,

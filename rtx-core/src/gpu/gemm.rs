@@ -1,12 +1,16 @@
-//! Matmuls on a wgpu device: the backend's tiled GEMM for a bare product, and the GEMM with
-//! an epilogue group in its store (`rtx_ir::emit::gemm_epilogue`) for a `MatMulEpilogue`.
+//! Matmuls on a GPU: the backend's GEMM for a bare product (wgpu's tiled kernel, cuBLAS on
+//! CUDA), and for a `MatMulEpilogue` on wgpu the GEMM with the epilogue group in its store
+//! (`rtx_ir::emit::gemm_epilogue`), on CUDA cuBLAS then the group as one kernel over the
+//! product (`KernelKind::Epilogue`).
 
-use super::ops::{as_kernel, broadcast_strides, copy_to, fresh, gpu, u32_of, view};
+use super::ops::{as_kernel, broadcast_strides, copy_to, fresh, gpu, pointwise, u32_of, view};
 use crate::ctx::Ctx;
 use crate::error::Result;
 use crate::tensor::Tensor;
-use rtx_backends::wgpu::GpuView;
-use rtx_ir::emit::{KernelSource, Meta};
+use rtx_backends::gpu::DeviceView;
+use rtx_ir::NodeId;
+use rtx_ir::emit::{KernelKind, KernelSource, Meta};
+use rtx_ir::fusion::Instr;
 use std::sync::Arc;
 
 /// The operands of `a @ b` as `[batches, m, k]` and `[batches, k, n]` views: batch axes
@@ -65,9 +69,9 @@ impl Gemm {
         })
     }
 
-    fn views(&self) -> Result<(GpuView<'_>, GpuView<'_>)> {
+    fn views(&self) -> Result<(DeviceView<'_>, DeviceView<'_>)> {
         let (la, lb) = (self.a.layout(), self.b.layout());
-        let a = GpuView {
+        let a = DeviceView {
             shape: vec![self.batches, self.m, self.k],
             strides: vec![
                 self.a_batch,
@@ -76,7 +80,7 @@ impl Gemm {
             ],
             ..view(&self.a)?
         };
-        let b = GpuView {
+        let b = DeviceView {
             shape: vec![self.batches, self.k, self.n],
             strides: vec![
                 self.b_batch,
@@ -99,17 +103,43 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Tens
     Ok(out)
 }
 
-/// A matmul `a @ b` (of shape `product_shape`) and its epilogue group of `shape` in one
-/// kernel (`rtx_ir::emit::gemm_epilogue`): `others` are the group's inputs after the
-/// product; returns one contiguous tensor per output.
+/// A matmul step's group: its body, the node ids of its outputs, and its kernel.
+pub(crate) struct Epilogue<'a> {
+    pub body: &'a [Instr],
+    pub outputs: &'a [NodeId],
+    pub kernel: &'a KernelSource,
+}
+
+/// A matmul `a @ b` (of shape `product_shape`) and its epilogue group of `shape`: `others`
+/// are the group's inputs after the product; returns one contiguous tensor per output.
 pub(crate) fn gemm_epilogue(
     (a, b, product_shape): (&Tensor, &Tensor, &[usize]),
     others: &[&Tensor],
-    outputs: usize,
+    group: Epilogue,
     shape: &[usize],
-    kernel: &KernelSource,
     ctx: &Ctx,
 ) -> Result<Vec<Tensor>> {
+    if group.kernel.kind == KernelKind::Epilogue {
+        // The vendor GEMM writes the product; the group then reads it as its input 0, in
+        // the group's shape (a Linear on `[B, T, C]` multiplies `[B * T, C]` rows and its
+        // group runs over `[B, T, OUT]`: the same values, contiguous either way).
+        let product = matmul(a, b, product_shape)?;
+        let product = if product.shape() == shape {
+            product
+        } else {
+            product.reshape(shape)?
+        };
+        let mut inputs = vec![&product];
+        inputs.extend_from_slice(others);
+        return pointwise(
+            group.body,
+            &inputs,
+            group.outputs,
+            shape,
+            Some(group.kernel),
+            ctx,
+        );
+    }
     let device = Arc::clone(&gpu(a)?.device);
     let gemm = Gemm::new(a, b, product_shape)?;
     let (va, vb) = gemm.views()?;
@@ -143,7 +173,7 @@ pub(crate) fn gemm_epilogue(
     ] {
         words.push(u32_of(v, "matmul size")?);
     }
-    let outs: Vec<Tensor> = (0..outputs)
+    let outs: Vec<Tensor> = (0..group.outputs.len())
         .map(|_| fresh(&device, shape))
         .collect::<Result<_>>()?;
     if gemm.batches * gemm.m * gemm.n == 0 {
@@ -163,6 +193,6 @@ pub(crate) fn gemm_epilogue(
         u32_of(gemm.m.div_ceil(tile), "matmul grid")?,
         u32_of(gemm.batches, "matmul batch count")?,
     ];
-    device.dispatch(&as_kernel(kernel), &buffers, groups)?;
+    device.dispatch_wgsl(&as_kernel(group.kernel), &buffers, groups)?;
     Ok(outs)
 }

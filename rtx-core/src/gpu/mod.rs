@@ -4,23 +4,23 @@
 //! each pointwise and row group as the kernel `rtx_ir::emit` writes for it, the other core
 //! ops as the backend's own kernels (GEMM, reductions, gathers) or as views.
 //!
-//! Without the `wgpu` feature every tensor is on the CPU and the hooks below return `None`,
+//! Without the `wgpu` and `cuda` features every tensor is on the CPU and the hooks below return `None`,
 //! one branch per call.
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod exec;
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gemm;
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod nn;
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod ops;
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub(crate) use ops::{contiguous, download, gpu as storage};
 
 /// `t` in a new contiguous buffer of its own on its device.
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub(crate) fn copy(t: &Tensor) -> Result<Tensor> {
     ops::copy_to(t, t.shape())
 }
@@ -64,11 +64,11 @@ pub fn forward_on<M: Module>(
         Ok(None) => return None,
         Err(e) => return Some(Err(e)),
     };
-    #[cfg(feature = "wgpu")]
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
         Some(exec::forward(&device, module, f, ctx, inputs))
     }
-    #[cfg(not(feature = "wgpu"))]
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {
         let _ = (module, f, ctx, device);
         None
@@ -88,11 +88,11 @@ pub fn and_grads_on<M: Module>(
         Ok(None) => return None,
         Err(e) => return Some(Err(e)),
     };
-    #[cfg(feature = "wgpu")]
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
         Some(exec::and_grads(&device, module, f, ctx, inputs))
     }
-    #[cfg(not(feature = "wgpu"))]
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {
         let _ = (module, f, ctx, device);
         None
@@ -110,9 +110,9 @@ pub(crate) fn run_op_on(
     match device_of(args) {
         Ok(None) => None,
         Err(e) => Some(Err(e)),
-        #[cfg(feature = "wgpu")]
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
         Ok(Some(_)) => Some(ops::run(op, args, out_shape, ctx)),
-        #[cfg(not(feature = "wgpu"))]
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
         Ok(Some(_)) => {
             let _ = (op, out_shape, ctx);
             None
@@ -123,11 +123,11 @@ pub(crate) fn run_op_on(
 /// How many core-op kernels ran on the CPU, by op name, because the device has no kernel
 /// for them yet (their inputs are copied to the host and the result back).
 pub fn cpu_fallbacks() -> Vec<(String, usize)> {
-    #[cfg(feature = "wgpu")]
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
         ops::fallbacks()
     }
-    #[cfg(not(feature = "wgpu"))]
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {
         Vec::new()
     }

@@ -1,4 +1,4 @@
-//! The nn ops on a wgpu device: attention, convolution, pooling and top-k, each the
+//! The nn ops on a GPU: attention, convolution, pooling and top-k, each the
 //! backend's kernel over contiguous operands.
 
 use super::ops::{contiguous, fresh, gpu};
@@ -6,8 +6,9 @@ use crate::device::GpuStorage;
 use crate::error::{Result, RtxError};
 use crate::tensor::{DType, Storage, Tensor};
 use rtx_backends::Layout;
-use rtx_backends::wgpu::{
-    ATTENTION_MAX_HEAD, AttentionShape, ConvPass, ConvShape, GpuBuffer, PoolPass, WgpuDevice,
+use rtx_backends::gpu::{DeviceBuffer, Gpu};
+use rtx_backends::kernel_meta::{
+    ATTENTION_MAX_HEAD, AttentionShape, ConvPass, ConvShape, PoolPass,
 };
 use rtx_ir::Op;
 use std::sync::Arc;
@@ -38,7 +39,7 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize]) -> Result<Opti
             let out = fresh(&device, out_shape)?;
             let (bq, bk, bv) = (&gpu(&q)?.buffer, &gpu(&k)?.buffer, &gpu(&v)?.buffer);
             if matches!(op, Op::Attention { .. }) {
-                device.attention(shape, bq, bk, bv, &gpu(&out)?.buffer)?;
+                device.attention(shape, [bq, bk, bv], &gpu(&out)?.buffer)?;
             } else {
                 let g = contiguous(a(3)?)?;
                 device.attention_grad(shape, [bq, bk, bv, &gpu(&g)?.buffer], &gpu(&out)?.buffer)?;
@@ -103,8 +104,7 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize]) -> Result<Opti
             device.conv2d(
                 pass,
                 shape,
-                &gpu(&a0)?.buffer,
-                &gpu(&a1)?.buffer,
+                [&gpu(&a0)?.buffer, &gpu(&a1)?.buffer],
                 &gpu(&out)?.buffer,
             )?;
             out
@@ -151,12 +151,9 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize]) -> Result<Opti
             let device = Arc::clone(&gpu(&first)?.device);
             let out = fresh(&device, out_shape)?;
             device.pool2d(
-                pass,
-                x_shape,
+                (pass, x_shape, out_hw),
                 (*kernel, *stride, *padding),
-                out_hw,
-                &gpu(&first)?.buffer,
-                &gpu(&second)?.buffer,
+                [&gpu(&first)?.buffer, &gpu(&second)?.buffer],
                 &gpu(&out)?.buffer,
             )?;
             out
@@ -166,9 +163,9 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize]) -> Result<Opti
 }
 
 /// Indices a kernel wrote as u32 words, as an i64 tensor on the device.
-pub(crate) fn indices(device: Arc<WgpuDevice>, words: GpuBuffer, shape: &[usize]) -> Tensor {
+pub(crate) fn indices(device: Arc<Gpu>, words: DeviceBuffer, shape: &[usize]) -> Tensor {
     Tensor::from_parts(
-        Storage::Wgpu(GpuStorage {
+        Storage::Gpu(GpuStorage {
             device,
             buffer: words,
             dtype: DType::I64,

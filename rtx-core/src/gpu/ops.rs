@@ -1,4 +1,4 @@
-//! The core ops on a wgpu device: views share the buffer, pointwise work runs as kernels
+//! The core ops on a GPU: views share the buffer, pointwise work runs as kernels
 //! emitted by `rtx_ir::emit` (also for copies and broadcasts: an identity group over a
 //! strided input), the rest as the backend's GEMM, reduction and gather kernels. An op with
 //! no device kernel yet runs on the CPU with its operands copied over and back, counted in
@@ -9,7 +9,8 @@ use crate::device::GpuStorage;
 use crate::error::{Result, RtxError};
 use crate::tensor::{DType, Storage, Tensor};
 use rtx_backends::Layout;
-use rtx_backends::wgpu::{GpuView, Reduce, WgpuDevice};
+use rtx_backends::gpu::{DeviceBuffer, DeviceView, Gpu, Kernel, KernelLanguage};
+use rtx_backends::kernel_meta::Reduce;
 use rtx_ir::emit::{KernelSource, Meta, POINTWISE_GROUP, Target, fused_kernel};
 use rtx_ir::fusion::{Instr, Operand, Pointwise, Step};
 use rtx_ir::{NodeId, Op};
@@ -28,9 +29,9 @@ pub(crate) fn fallbacks() -> Vec<(String, usize)> {
 /// The device storage of `t`, or an error naming where it is instead.
 pub(crate) fn gpu(t: &Tensor) -> Result<&GpuStorage> {
     match t.storage() {
-        Storage::Wgpu(s) => Ok(s),
+        Storage::Gpu(s) => Ok(s),
         _ => Err(RtxError::DeviceMismatch {
-            context: "a kernel on a wgpu device".into(),
+            context: "a kernel on a GPU".into(),
             expected: "operands on that device".into(),
             found: "one on the cpu; move it with `.to(&device)`".into(),
         }),
@@ -38,13 +39,9 @@ pub(crate) fn gpu(t: &Tensor) -> Result<&GpuStorage> {
 }
 
 /// A tensor over a fresh device buffer of `buffer`'s values, contiguous in `shape`.
-pub(crate) fn wrap(
-    device: &Arc<WgpuDevice>,
-    buffer: rtx_backends::wgpu::GpuBuffer,
-    shape: &[usize],
-) -> Tensor {
+pub(crate) fn wrap(device: &Arc<Gpu>, buffer: DeviceBuffer, shape: &[usize]) -> Tensor {
     Tensor::from_parts(
-        Storage::Wgpu(GpuStorage {
+        Storage::Gpu(GpuStorage {
             device: Arc::clone(device),
             buffer,
             dtype: DType::F32,
@@ -54,7 +51,7 @@ pub(crate) fn wrap(
     )
 }
 
-pub(crate) fn fresh(device: &Arc<WgpuDevice>, shape: &[usize]) -> Result<Tensor> {
+pub(crate) fn fresh(device: &Arc<Gpu>, shape: &[usize]) -> Result<Tensor> {
     let n = shape.iter().product();
     Ok(wrap(device, device.zeros(n)?, shape))
 }
@@ -169,7 +166,7 @@ pub(crate) fn pointwise(
     let kernel = match kernel {
         Some(k) => k,
         None => {
-            emitted = group_kernel(body, inputs.len(), outputs)?;
+            emitted = group_kernel(body, inputs.len(), outputs, target(&device))?;
             &*emitted
         }
     };
@@ -177,16 +174,16 @@ pub(crate) fn pointwise(
         .iter()
         .map(|_| fresh(&device, shape))
         .collect::<Result<_>>()?;
-    let ins: Vec<&rtx_backends::wgpu::GpuBuffer> = inputs
+    let ins: Vec<&DeviceBuffer> = inputs
         .iter()
         .map(|t| gpu(t).map(|s| &s.buffer))
         .collect::<Result<_>>()?;
-    let out_bufs: Vec<&rtx_backends::wgpu::GpuBuffer> = outs
+    let out_bufs: Vec<&DeviceBuffer> = outs
         .iter()
         .map(|t| gpu(t).map(|s| &s.buffer))
         .collect::<Result<_>>()?;
     let n: usize = shape.iter().product();
-    device.run_pointwise(
+    device.run_emitted(
         &as_kernel(kernel),
         &meta(inputs, shape, ctx)?,
         &ins,
@@ -199,10 +196,21 @@ pub(crate) fn pointwise(
 
 /// The emitted kernel of a group made here rather than by a plan (copies, broadcasts, eager
 /// pointwise ops), emitted once per distinct body: copies run on every non-contiguous read.
-fn group_kernel(body: &[Instr], inputs: usize, outputs: &[NodeId]) -> Result<Arc<KernelSource>> {
-    type Emitted = Mutex<HashMap<(String, usize, Vec<NodeId>), Arc<KernelSource>>>;
+fn group_kernel(
+    body: &[Instr],
+    inputs: usize,
+    outputs: &[NodeId],
+    target: Target,
+) -> Result<Arc<KernelSource>> {
+    type Key = (String, usize, Vec<NodeId>, bool);
+    type Emitted = Mutex<HashMap<Key, Arc<KernelSource>>>;
     static EMITTED: std::sync::LazyLock<Emitted> = std::sync::LazyLock::new(Default::default);
-    let key = (format!("{body:?}"), inputs, outputs.to_vec());
+    let key = (
+        format!("{body:?}"),
+        inputs,
+        outputs.to_vec(),
+        target == Target::Cuda,
+    );
     if let Some(k) = EMITTED.lock().ok().and_then(|m| m.get(&key).cloned()) {
         return Ok(k);
     }
@@ -213,7 +221,7 @@ fn group_kernel(body: &[Instr], inputs: usize, outputs: &[NodeId]) -> Result<Arc
         outputs: outputs.to_vec(),
     };
     let k = Arc::new(
-        fused_kernel(&step, "rtx_group", Target::Wgsl)
+        fused_kernel(&step, "rtx_group", target)
             .ok_or_else(|| RtxError::Gpu("no kernel for a pointwise group".into()))?,
     );
     if let Ok(mut m) = EMITTED.lock() {
@@ -222,17 +230,25 @@ fn group_kernel(body: &[Instr], inputs: usize, outputs: &[NodeId]) -> Result<Arc
     Ok(k)
 }
 
-pub(crate) fn as_kernel(k: &KernelSource) -> rtx_backends::wgpu::Kernel<'_> {
-    rtx_backends::wgpu::Kernel {
+/// The target `rtx_ir::emit` writes kernels in for `device`.
+pub(crate) fn target(device: &Gpu) -> Target {
+    match device.language() {
+        KernelLanguage::Wgsl => Target::Wgsl,
+        KernelLanguage::Cuda => Target::Cuda,
+    }
+}
+
+pub(crate) fn as_kernel(k: &KernelSource) -> Kernel<'_> {
+    Kernel {
         name: &k.name,
         source: &k.source,
         entry: &k.entry,
     }
 }
 
-pub(crate) fn view<'a>(t: &'a Tensor) -> Result<GpuView<'a>> {
+pub(crate) fn view<'a>(t: &'a Tensor) -> Result<DeviceView<'a>> {
     let l = t.layout();
-    Ok(GpuView {
+    Ok(DeviceView {
         buffer: &gpu(t)?.buffer,
         offset: l.offset,
         shape: l.shape.to_vec(),
@@ -270,8 +286,8 @@ const PICK_INDICES: &str = "class labels (cross_entropy) / pick indices";
 const EMBEDDING_IDS: &str = "embedding ids";
 
 /// `t`'s buffer under another layout (a region of it).
-fn layout_view<'a>(t: &'a Tensor, l: &Layout) -> Result<GpuView<'a>> {
-    Ok(GpuView {
+fn layout_view<'a>(t: &'a Tensor, l: &Layout) -> Result<DeviceView<'a>> {
+    Ok(DeviceView {
         buffer: &gpu(t)?.buffer,
         offset: l.offset,
         shape: l.shape.to_vec(),
@@ -376,9 +392,9 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
                 &gpu(&out)?.buffer,
             );
             if grad {
-                device.pick_grad(v, i, rows, cols, o)?;
+                device.pick_grad(v, i, (rows, cols), o)?;
             } else {
-                device.pick(v, i, rows, cols, o)?;
+                device.pick(v, i, (rows, cols), o)?;
             }
             out
         }
@@ -395,8 +411,7 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
             device.reduce(&view(x)?, &reduced, Reduce::ArgMax, &firsts)?;
             let out = fresh(&device, out_shape)?;
             device.scatter_first(
-                out_shape,
-                &reduced,
+                (out_shape, &reduced),
                 &gpu(&g)?.buffer,
                 &firsts,
                 &gpu(&out)?.buffer,
@@ -455,10 +470,8 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
             let out = fresh(&device, out_shape)?;
             device.scatter_rows(
                 &gpu(&g)?.buffer,
-                &starts,
-                &rows,
-                vocab,
-                cols,
+                (&starts, &rows),
+                (vocab, cols),
                 &gpu(&out)?.buffer,
             )?;
             out
@@ -498,7 +511,7 @@ pub(crate) fn run(op: &Op, args: &[&Tensor], out_shape: &[usize], ctx: &mut Ctx)
             // Drawn on the host from the call's seed stream, as the CPU does, so a run on
             // the device drops the same units as one on the CPU; then uploaded.
             let n = a(0)?.numel();
-            let device = crate::Device::Wgpu(Arc::clone(&gpu(a(0)?)?.device));
+            let device = crate::Device::Gpu(Arc::clone(&gpu(a(0)?)?.device));
             let mask = if ctx.train && *p > 0.0 {
                 let seed = ctx.next_seed();
                 Tensor::from_vec(

@@ -1,5 +1,5 @@
 //! The optimizer step of a model whose parameters live on a GPU: one update kernel per
-//! parameter (`WgpuDevice::optimizer_step`, the same formulas as the CPU loop), in place,
+//! parameter (`Gpu::optimizer_step`, the same formulas as the CPU loop), in place,
 //! with the state buffers kept on the device next to the parameter.
 
 use super::{ParamState, States, align};
@@ -7,7 +7,7 @@ use crate::error::{Result, RtxError};
 use crate::gpu::storage as gpu_storage;
 use crate::module::{Grads, Module};
 use crate::tensor::{Tensor, fmt_dims};
-use rtx_backends::wgpu::UpdateRule;
+use rtx_backends::kernel_meta::UpdateRule;
 
 /// Whether `model`'s parameters are on a device (then all of them must be on the same one).
 pub(super) fn on_device<M: Module>(model: &M) -> bool {
@@ -95,12 +95,10 @@ fn update(
     let (p, g) = (gpu_storage(param)?, gpu_storage(grad)?);
     let (s1, s2) = (gpu_storage(&on_device[0])?, gpu_storage(&on_device[1])?);
     p.device.optimizer_step(
-        rule,
-        param.numel(),
+        (rule, param.numel()),
         &p.buffer,
         &g.buffer,
-        &s1.buffer,
-        &s2.buffer,
+        [&s1.buffer, &s2.buffer],
     )?;
     Ok(())
 }

@@ -16,7 +16,7 @@ pub(super) struct ParamState {
     pub(super) steps: i32,
     /// The two buffers on the parameter's GPU once it has stepped there (then the host
     /// buffers above are stale; `host_state` reads them back).
-    #[cfg(feature = "wgpu")]
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub(super) device: Option<[Tensor; 2]>,
 }
 
@@ -31,9 +31,9 @@ impl States {
     pub(super) fn to_tensors(&self, buffer_names: [&str; 2]) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         for s in &self.0 {
-            #[cfg(feature = "wgpu")]
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
             let host = super::device::host_state(s)?;
-            #[cfg(not(feature = "wgpu"))]
+            #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
             let host = [s.first.clone(), s.second.clone()];
             for (buffer, values) in buffer_names.iter().zip(&host) {
                 if !values.is_empty() {
@@ -100,7 +100,7 @@ impl States {
                 first,
                 second,
                 steps,
-                #[cfg(feature = "wgpu")]
+                #[cfg(any(feature = "wgpu", feature = "cuda"))]
                 device: None,
             });
         }
@@ -159,7 +159,7 @@ pub(super) fn align(
                     Vec::new()
                 },
                 steps: 0,
-                #[cfg(feature = "wgpu")]
+                #[cfg(any(feature = "wgpu", feature = "cuda"))]
                 device: None,
             };
             let at = index.min(list.len());
