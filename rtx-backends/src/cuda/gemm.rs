@@ -136,7 +136,14 @@ impl CudaDevice {
                 a.shape, b.shape
             )));
         };
-        if k != k2 || b_batches != batches || out.len() < batches * m * n {
+        if a.strides.len() != 3 || b.strides.len() != 3 {
+            return Err(GpuError::Call(format!(
+                "matmul views need a stride per axis, found {:?} and {:?}",
+                a.strides, b.strides
+            )));
+        }
+        let outputs = batches.checked_mul(m).and_then(|v| v.checked_mul(n));
+        if k != k2 || b_batches != batches || outputs.is_none_or(|o| out.len() < o) {
             return Err(GpuError::Call(format!(
                 "matmul operands {:?} @ {:?} do not fit an output of {}",
                 a.shape,
