@@ -21,7 +21,7 @@ pub mod gpu;
 pub mod gpu_error;
 #[cfg(feature = "hip")]
 pub mod hip;
-#[cfg(any(feature = "cuda", feature = "hip"))]
+#[cfg(any(feature = "wgpu", feature = "cuda", feature = "hip"))]
 pub mod kernel_cache;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod kernel_meta;

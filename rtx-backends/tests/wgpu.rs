@@ -170,3 +170,103 @@ fn a_dispatch_wgpu_rejects_is_an_error_naming_the_kernel() {
     // The device still works afterwards.
     assert_eq!(d.read_f32(&x).unwrap(), random(64, 7));
 }
+
+/// Builds the AXPY kernel and the GEMM, writes the pipeline cache and prints what it read
+/// and wrote (`pipeline_cache loaded=N saved=M`, or `pipeline_cache none`); run as a child
+/// process, with its own `RTX_KERNEL_CACHE`, by the test below.
+#[test]
+#[ignore = "run as a child process by a_second_process_starts_from_the_pipeline_cache_the_first_wrote"]
+fn build_two_kernels_and_report_the_pipeline_cache() {
+    let Some(d) = device("build_two_kernels_and_report_the_pipeline_cache") else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    d.compile(&Kernel {
+        name: "axpy",
+        source: AXPY,
+        entry: "main",
+    })
+    .unwrap();
+    let (a, b) = (
+        d.upload_f32(&random(64, 1)).unwrap(),
+        d.upload_f32(&random(64, 2)).unwrap(),
+    );
+    let view = |buffer| rtx_backends::wgpu::GpuView {
+        buffer,
+        offset: 0,
+        shape: vec![1, 8, 8],
+        strides: vec![64, 8, 1],
+    };
+    let c = d.zeros(64).unwrap();
+    d.matmul(&view(&a), &view(&b), &c).unwrap();
+    d.finish().unwrap();
+    println!("build_ms={}", started.elapsed().as_millis());
+    d.save_pipeline_cache();
+    match d.pipeline_cache() {
+        Some(s) => println!(
+            "pipeline_cache loaded={} saved={}",
+            s.loaded_bytes, s.saved_bytes
+        ),
+        None => println!("pipeline_cache none"),
+    }
+}
+
+#[test]
+fn a_second_process_starts_from_the_pipeline_cache_the_first_wrote() {
+    let test = "a_second_process_starts_from_the_pipeline_cache_the_first_wrote";
+    if device(test).is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rtx-wgpu-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = || {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "build_two_kernels_and_report_the_pipeline_cache",
+                "--nocapture",
+            ])
+            .env("RTX_KERNEL_CACHE", &dir)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("pipeline_cache"))
+            .unwrap_or_else(|| panic!("no report: {text}"))
+            .to_string();
+        let build = text
+            .lines()
+            .find(|l| l.starts_with("build_ms"))
+            .map(str::to_string);
+        let field = |k: &str| -> Option<usize> {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(k)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+        };
+        (field("loaded"), field("saved"), build, line)
+    };
+    let (loaded, saved, build, line) = run();
+    if line == "pipeline_cache none" {
+        eprintln!("skipped: {test}: this adapter's backend keeps no pipeline cache (Vulkan only)");
+        return;
+    }
+    assert_eq!(
+        loaded,
+        Some(0),
+        "a fresh directory has nothing to load: {line}"
+    );
+    let saved = saved
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| panic!("nothing written: {line}"));
+    let (again, _, build_again, line) = run();
+    assert_eq!(
+        again,
+        Some(saved),
+        "the second process loads the first's cache: {line}"
+    );
+    eprintln!("{test}: first process {build:?}, second {build_again:?} ({saved} bytes)");
+    let _ = std::fs::remove_dir_all(&dir);
+}

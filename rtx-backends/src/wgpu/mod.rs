@@ -20,6 +20,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, mpsc};
 
 mod attention;
+mod disk_cache;
 mod kernels;
 mod optim;
 mod pool;
@@ -28,6 +29,7 @@ mod window;
 
 pub use crate::gpu_error::{GpuError, Result};
 pub use attention::{ATTENTION_MAX_HEAD, AttentionShape};
+pub use disk_cache::PipelineCacheStats;
 pub use kernels::{GpuView, Reduce};
 pub use optim::UpdateRule;
 pub use window::{ConvPass, ConvShape, PoolPass};
@@ -50,6 +52,8 @@ pub struct WgpuDevice {
     batch: Mutex<Batch>,
     /// The first error wgpu raised outside an error scope, until a call returns it.
     uncaught: Arc<Mutex<Option<String>>>,
+    /// The driver's compiled pipelines, kept on disk between processes (Vulkan only).
+    disk: Option<disk_cache::DiskPipelines>,
 }
 
 /// Commands recorded and not yet submitted.
@@ -109,10 +113,11 @@ impl WgpuDevice {
             .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
         let info = adapter.get_info();
         let limits = adapter.limits();
+        let features = adapter.features() & ::wgpu::Features::PIPELINE_CACHE;
         let (device, queue) =
             pollster::block_on(adapter.request_device(&::wgpu::DeviceDescriptor {
                 label: Some("rtx"),
-                required_features: ::wgpu::Features::empty(),
+                required_features: features,
                 required_limits: limits.clone(),
                 ..Default::default()
             }))
@@ -129,6 +134,11 @@ impl WgpuDevice {
                 *slot = Some(e.to_string());
             }
         }));
+        let disk = if features.contains(::wgpu::Features::PIPELINE_CACHE) {
+            disk_cache::DiskPipelines::open(&device, &info)
+        } else {
+            None
+        };
         Ok(WgpuDevice {
             device,
             queue,
@@ -138,6 +148,7 @@ impl WgpuDevice {
             pool: pool::Pool::default(),
             batch: Mutex::new(Batch::default()),
             uncaught,
+            disk,
         })
     }
 
@@ -199,6 +210,9 @@ impl WgpuDevice {
         self.device
             .poll(::wgpu::PollType::wait_indefinitely())
             .map_err(|e| GpuError::Call(e.to_string()))?;
+        if let Some(disk) = &self.disk {
+            disk.save_if_due();
+        }
         Ok(())
     }
 
@@ -318,6 +332,10 @@ impl WgpuDevice {
         if buf.len == 0 {
             return Ok(Vec::new());
         }
+        // The host waits here anyway: a good moment to keep the pipeline cache on disk.
+        if let Some(disk) = &self.disk {
+            disk.save_if_due();
+        }
         let bytes = buf.len as u64 * 4;
         let staging = self.scoped(bytes, || {
             self.device.create_buffer(&::wgpu::BufferDescriptor {
@@ -378,18 +396,35 @@ impl WgpuDevice {
                         module: &module,
                         entry_point: Some(kernel.entry),
                         compilation_options: Default::default(),
-                        cache: None,
+                        cache: self.disk.as_ref().map(|d| &d.cache),
                     })
             })
             .map_err(|e| GpuError::Compile {
                 name: kernel.name.to_string(),
                 message: e.to_string(),
             })?;
+        if let Some(disk) = &self.disk {
+            disk.built();
+        }
         let pipeline = Arc::new(pipeline);
         if let Ok(mut c) = self.pipelines.lock() {
             c.insert(key, Arc::clone(&pipeline));
         }
         Ok(pipeline)
+    }
+
+    /// Writes the persistent pipeline cache now if pipelines were built since its last write
+    /// (it is also written on the way, at read-backs, at most once a second).
+    pub fn save_pipeline_cache(&self) {
+        if let Some(disk) = &self.disk {
+            disk.save();
+        }
+    }
+
+    /// What the persistent pipeline cache read when the device opened and last wrote; `None`
+    /// where the backend keeps no pipeline cache (wgpu has one on Vulkan only).
+    pub fn pipeline_cache(&self) -> Option<PipelineCacheStats> {
+        self.disk.as_ref().map(|d| d.stats())
     }
 
     /// Compiles `kernel` (or finds it compiled) without running it.
