@@ -46,8 +46,18 @@ pub fn enabled() -> bool {
         2 => true,
         _ => {
             let on = std::env::var("RTX_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0");
-            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-            on
+            // Only the first reading settles it: a `set_enabled` made by another thread
+            // while this one read the environment must not be overwritten (it was, and a
+            // test saw its profile switched off halfway).
+            match STATE.compare_exchange(
+                0,
+                if on { 2 } else { 1 },
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => on,
+                Err(set) => set == 2,
+            }
         }
     }
 }
