@@ -74,6 +74,12 @@ pub fn compile(name: &str, source: &str, arch: &str, options: &[&str]) -> Result
             "hiprtc 5.2 aborts the process for {arch}; compile it offline with hipcc"
         )));
     }
+    // One compile at a time in the process: hiprtc 5.2 (Debian's libamdhip64-5) crashed
+    // (SIGSEGV) when two tests compiled at once, so its programs are not used concurrently.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let symbol = |e: libloading::Error| error(format!("hiprtc symbol missing: {e}"));
     // SAFETY: the signatures are hiprtc's (hiprtc.h, ROCm 5.2).
     let (create, compile_program, log_size, log, code_size, code, destroy) = unsafe {
