@@ -33,6 +33,19 @@ pub struct GemmShape {
 }
 
 impl GemmShape {
+    /// A's and B's stored `[rows, cols]` and leading dimensions (the row stride, at least a
+    /// row long): what cuBLAS is told and what the CPU stand-in reads.
+    pub(super) fn stored(&self) -> [(usize, usize, usize); 2] {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let (a_rows, a_cols) = if self.a_transposed { (k, m) } else { (m, k) };
+        let (b_rows, b_cols) = if self.b_transposed { (n, k) } else { (k, n) };
+        let ld = |stride: Option<usize>, cols: usize| stride.unwrap_or(cols).max(cols).max(1);
+        [
+            (a_rows, a_cols, ld(self.a_row_stride, a_cols)),
+            (b_rows, b_cols, ld(self.b_row_stride, b_cols)),
+        ]
+    }
+
     /// One product of contiguous row-major matrices.
     pub fn plain(m: usize, n: usize, k: usize) -> GemmShape {
         GemmShape {
@@ -326,10 +339,7 @@ fn check_gemm(shape: GemmShape, a: usize, b: usize, c: usize) -> Result<ColumnMa
     use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
     let GemmShape { m, n, k, .. } = shape;
     // Stored [rows, cols] of A and B, and their leading dimensions (at least a row).
-    let (a_rows, a_cols) = if shape.a_transposed { (k, m) } else { (m, k) };
-    let (b_rows, b_cols) = if shape.b_transposed { (n, k) } else { (k, n) };
-    let a_ld = shape.a_row_stride.unwrap_or(a_cols).max(a_cols).max(1);
-    let b_ld = shape.b_row_stride.unwrap_or(b_cols).max(b_cols).max(1);
+    let [(a_rows, a_cols, a_ld), (b_rows, b_cols, b_ld)] = shape.stored();
     let extent = |rows: usize, cols: usize, ld: usize| {
         if rows == 0 || cols == 0 {
             Some(0)

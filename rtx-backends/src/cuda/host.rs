@@ -142,20 +142,12 @@ impl Host {
         if m * n == 0 {
             return Ok(());
         }
-        let operand = |transposed: bool, cols: usize, row_stride: Option<usize>| {
-            let ld = row_stride.unwrap_or(cols).max(cols).max(1);
-            if transposed { [1, ld] } else { [ld, 1] }
-        };
-        let [ar, ac] = operand(
-            shape.a_transposed,
-            if shape.a_transposed { m } else { k },
-            shape.a_row_stride,
-        );
-        let [br, bc] = operand(
-            shape.b_transposed,
-            if shape.b_transposed { k } else { n },
-            shape.b_row_stride,
-        );
+        // A row-major operand steps its stored row stride along its rows; transposed, along
+        // its columns.
+        let [(_, _, a_ld), (_, _, b_ld)] = shape.stored();
+        let steps = |transposed: bool, ld: usize| if transposed { [1, ld] } else { [ld, 1] };
+        let [ar, ac] = steps(shape.a_transposed, a_ld);
+        let [br, bc] = steps(shape.b_transposed, b_ld);
         let batch = |stride: usize| if shape.batches == 1 { 0 } else { stride };
         let la = Layout {
             shape: [shape.batches, m, k][..].into(),
