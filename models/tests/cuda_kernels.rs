@@ -10,7 +10,7 @@ use models::gpt::Gpt;
 use models::mlp::Mlp;
 use rtx_backends::cuda::{compile, nvrtc_available, nvrtc_version};
 use rtx_core::ir::ModelIr;
-use rtx_core::ir::emit::{Target, cuda::PRELUDE, model_kernels};
+use rtx_core::ir::emit::{KernelSource, Target, cuda::PRELUDE, model_kernels};
 
 fn nvrtc(test: &str) -> bool {
     if nvrtc_available() {
@@ -32,6 +32,19 @@ fn models() -> Vec<ModelIr> {
     ]
 }
 
+/// The kernels as one translation unit, the prelude once.
+fn one_module(kernels: &[KernelSource]) -> String {
+    let mut module = String::from(PRELUDE);
+    for k in kernels {
+        module.push_str(
+            k.source
+                .strip_prefix(PRELUDE)
+                .expect("kernels start with the prelude"),
+        );
+    }
+    module
+}
+
 #[test]
 fn every_cuda_kernel_of_every_model_compiles_to_an_sm_90_cubin_as_one_module() {
     let test = "every_cuda_kernel_of_every_model_compiles_to_an_sm_90_cubin_as_one_module";
@@ -40,14 +53,7 @@ fn every_cuda_kernel_of_every_model_compiles_to_an_sm_90_cubin_as_one_module() {
     }
     for ir in models() {
         let kernels = model_kernels(&ir, Target::Cuda);
-        let mut module = String::from(PRELUDE);
-        for k in &kernels {
-            module.push_str(
-                k.source
-                    .strip_prefix(PRELUDE)
-                    .expect("kernels start with the prelude"),
-            );
-        }
+        let module = one_module(&kernels);
         let compiled = compile(&ir.model, &module, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
         assert!(
             compiled.cubin.len() > 1000,
@@ -125,6 +131,52 @@ fn the_runtimes_core_op_kernels_compile_to_an_sm_90_cubin() {
             compiled.ptx.contains(&format!(".entry {entry}(")),
             "no entry {entry}"
         );
+    }
+}
+
+#[test]
+fn kernels_read_their_meta_words_where_the_launch_put_them() {
+    let test = "kernels_read_their_meta_words_where_the_launch_put_them";
+    if !nvrtc(test) {
+        return;
+    }
+    // The meta words are a by-value `__grid_constant__` parameter: indexing them must not
+    // make every thread copy the 512-byte struct to local memory first (a `__local_depot`).
+    let mut sources = vec![
+        (
+            "core_ops".to_string(),
+            rtx_backends::cuda::kernels::SOURCE.to_string(),
+        ),
+        (
+            "attention".to_string(),
+            rtx_backends::cuda::attention::ATTENTION_SOURCE.to_string(),
+        ),
+        (
+            "window".to_string(),
+            rtx_backends::cuda::window::WINDOW_SOURCE.to_string(),
+        ),
+    ];
+    for ir in models() {
+        sources.push((
+            ir.model.clone(),
+            one_module(&model_kernels(&ir, Target::Cuda)),
+        ));
+    }
+    for (name, source) in sources {
+        let compiled = compile(&name, &source, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
+        // Indexed in place: a generic address of the parameter itself.
+        assert!(
+            compiled.ptx.contains("cvta.param"),
+            "{name}: no kernel addresses its meta words in the parameter space"
+        );
+        // Attention keeps a head-sized accumulator per thread in local memory; nothing
+        // else has a local frame, so a copy of the meta struct would show as one.
+        if name != "attention" {
+            assert!(
+                !compiled.ptx.contains("__local_depot"),
+                "{name}: a kernel copies its parameters to local memory"
+            );
+        }
     }
 }
 

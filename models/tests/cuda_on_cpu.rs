@@ -67,15 +67,25 @@ impl KernelDevice for CudaOnCpu {
         threads: usize,
         group: u32,
     ) -> Result<(), String> {
-        let mut params: Vec<*mut c_void> = vec![meta.as_ptr() as *mut c_void];
-        params.extend(inputs.iter().map(|b| b.as_ptr() as *mut c_void));
+        let mut params: Vec<*mut c_void> =
+            inputs.iter().map(|b| b.as_ptr() as *mut c_void).collect();
         params.extend(outputs.iter_mut().map(|b| b.as_mut_ptr() as *mut c_void));
         let blocks = threads.div_ceil(group.max(1) as usize) as u32;
-        // SAFETY: an emitted kernel takes the meta words, then one pointer per input and per
+        // SAFETY: an emitted kernel takes its meta words, then one pointer per input and per
         // output, and touches only the elements its meta words describe, which
         // `kernel_checks` sized every buffer for, as on a GPU.
-        unsafe { self.launch(name, source, entry, &params, [blocks, 1, 1], [group, 1, 1]) }
-            .map_err(|e| e.to_string())?;
+        unsafe {
+            self.launch(
+                name,
+                source,
+                entry,
+                meta,
+                &params,
+                [blocks, 1, 1],
+                [group, 1, 1],
+            )
+        }
+        .map_err(|e| e.to_string())?;
         Ok(())
     }
 }

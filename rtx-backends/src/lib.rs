@@ -25,6 +25,8 @@ pub mod hip;
 pub mod kernel_cache;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod kernel_meta;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub mod launch_abi;
 pub mod layout;
 pub mod pool;
 #[cfg(feature = "wgpu")]

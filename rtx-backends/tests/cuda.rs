@@ -6,7 +6,7 @@
 //! `CudaDevice::on_cpu`, on every machine.
 #![cfg(feature = "cuda")]
 
-use rtx_backends::cuda::{CudaDevice, CudaKernel, CudaView, GemmShape, GpuError};
+use rtx_backends::cuda::{Arg, CudaDevice, CudaKernel, CudaView, GemmShape, GpuError};
 
 fn device(test: &str) -> Option<CudaDevice> {
     match CudaDevice::open(0) {
@@ -77,7 +77,8 @@ fn assert_close(got: &[f32], want: &[f64], k: usize, what: &str) {
 }
 
 const AXPY: &str = r#"
-extern "C" __global__ void axpy(const unsigned int* params, const float* x, float* y) {
+extern "C" __global__ void axpy(RTX_META, const float* x, float* y) {
+    const unsigned int* params = RTX_META_WORDS;
     const unsigned int i = (blockIdx.y * gridDim.x + blockIdx.x) * 256u + threadIdx.x;
     if (i >= params[0]) return;
     y[i] = 2.0f * x[i] + y[i];
@@ -111,6 +112,41 @@ fn a_kernel_runs_over_its_meta_inputs_and_outputs() {
         let got = d.read_f32(&by).unwrap();
         for i in 0..777 {
             assert_eq!(got[i], 2.0 * x[i] + y[i], "element {i}");
+        }
+    }
+}
+
+/// Copies its meta words after the count (`params[0]`) into `out`.
+const META_ECHO: &str = r#"
+extern "C" __global__ void meta_echo(RTX_META, float* out) {
+    const unsigned int* params = RTX_META_WORDS;
+    const unsigned int i = (blockIdx.y * gridDim.x + blockIdx.x) * 64u + threadIdx.x;
+    if (i >= params[0]) return;
+    out[i] = (float)params[1u + i];
+}
+"#;
+
+#[test]
+fn meta_words_reach_the_kernel_whether_they_fit_the_launch_parameters_or_spill() {
+    let test = "meta_words_reach_the_kernel_whether_they_fit_the_launch_parameters_or_spill";
+    let k = CudaKernel {
+        name: "meta_echo",
+        source: META_ECHO,
+        entry: "meta_echo",
+    };
+    for d in devices(test) {
+        // One word short of the inline limit, exactly at it, and past it (a buffer).
+        let limit = rtx_backends::cuda::META_INLINE_WORDS;
+        for words in [limit - 2, limit - 1, limit + 300] {
+            let meta: Vec<u32> = std::iter::once(words as u32 - 1)
+                .chain((1..words as u32).map(|w| w * 7 + 3))
+                .collect();
+            let out = d.zeros(words - 1).unwrap();
+            d.run_kernel(&k, &meta, &[Arg::Out(&out)], words - 1, 64)
+                .unwrap();
+            let got = d.read_f32(&out).unwrap();
+            let want: Vec<f32> = meta[1..].iter().map(|&w| w as f32).collect();
+            assert_eq!(got, want, "{words} meta words on {}", d.describe());
         }
     }
 }
@@ -349,13 +385,27 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
     let Some(d) = device(test) else { return };
     let Some(cpu) = on_cpu(test) else { return };
     let p = |v: &[f32]| v.as_ptr() as *mut c_void;
-    let run_cpu =
-        |source: &str, entry: &str, params: &[*mut c_void], threads: usize, block: u32| {
-            let blocks = threads.div_ceil(block as usize) as u32;
-            // SAFETY: each call passes the kernel's parameters in order, sized as its meta says.
-            unsafe { cpu.launch(entry, source, entry, params, [blocks, 1, 1], [block, 1, 1]) }
-                .unwrap();
-        };
+    let run_cpu = |source: &str,
+                   entry: &str,
+                   meta: &[u32],
+                   params: &[*mut c_void],
+                   threads: usize,
+                   block: u32| {
+        let blocks = threads.div_ceil(block as usize) as u32;
+        // SAFETY: each call passes the kernel's parameters in order, sized as its meta says.
+        unsafe {
+            cpu.launch(
+                entry,
+                source,
+                entry,
+                meta,
+                params,
+                [blocks, 1, 1],
+                [block, 1, 1],
+            )
+        }
+        .unwrap();
+    };
 
     // Causal attention, [S, T, D] = [6, 33, 32], forward and gradients.
     let shape = AttentionShape {
@@ -377,19 +427,19 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
         .unwrap();
     let meta = shape.meta().unwrap();
     let (mut o, mut stats, mut gr) = (vec![0f32; n], vec![0f32; 6 * 33 * 3], vec![0f32; 3 * n]);
-    let mp = meta.as_ptr() as *mut c_void;
     run_cpu(
         ATTENTION_SOURCE,
         "rtx_attention",
-        &[mp, p(&q), p(&k), p(&v), o.as_mut_ptr().cast()],
+        &meta,
+        &[p(&q), p(&k), p(&v), o.as_mut_ptr().cast()],
         198,
         ATTENTION_BLOCK,
     );
     run_cpu(
         ATTENTION_SOURCE,
         "rtx_attention_grad_q",
+        &meta,
         &[
-            mp,
             p(&q),
             p(&k),
             p(&v),
@@ -403,8 +453,8 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
     run_cpu(
         ATTENTION_SOURCE,
         "rtx_attention_grad_kv",
+        &meta,
         &[
-            mp,
             p(&q),
             p(&k),
             p(&v),
@@ -435,12 +485,8 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
     run_cpu(
         WINDOW_SOURCE,
         "rtx_conv2d",
-        &[
-            meta.as_ptr() as *mut c_void,
-            p(&x),
-            p(&w),
-            yc.as_mut_ptr().cast(),
-        ],
+        &meta,
+        &[p(&x), p(&w), yc.as_mut_ptr().cast()],
         outputs,
         WINDOW_BLOCK,
     );
@@ -462,12 +508,8 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
     run_cpu(
         WINDOW_SOURCE,
         "rtx_pool2d",
-        &[
-            meta.as_ptr() as *mut c_void,
-            p(&x),
-            p(&x),
-            pc.as_mut_ptr().cast(),
-        ],
+        &meta,
+        &[p(&x), p(&x), pc.as_mut_ptr().cast()],
         outputs,
         WINDOW_BLOCK,
     );
@@ -485,8 +527,8 @@ fn attention_convolution_pooling_and_top_k_on_the_device_match_the_same_text_on_
     run_cpu(
         SOURCE,
         "rtx_top_k",
+        &meta,
         &[
-            meta.as_ptr() as *mut c_void,
             p(&t),
             p(&t),
             vc.as_mut_ptr().cast(),

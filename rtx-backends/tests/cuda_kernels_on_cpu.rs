@@ -48,13 +48,21 @@ fn out<T>(v: &mut [T]) -> *mut c_void {
 
 /// Runs `entry` over `threads` threads with `meta` first and then `params`.
 fn run(d: &CudaOnCpu, entry: &str, meta: &[u32], params: &[*mut c_void], threads: usize) {
-    let mut all = vec![ptr(meta)];
-    all.extend_from_slice(params);
     let blocks = threads.div_ceil(BLOCK as usize) as u32;
     // SAFETY: each test passes the kernel's parameters in order, with buffers of the sizes
     // its meta words describe.
-    unsafe { d.launch(entry, SOURCE, entry, &all, [blocks, 1, 1], [BLOCK, 1, 1]) }
-        .unwrap_or_else(|e| panic!("{entry}: {e}"));
+    unsafe {
+        d.launch(
+            entry,
+            SOURCE,
+            entry,
+            meta,
+            params,
+            [blocks, 1, 1],
+            [BLOCK, 1, 1],
+        )
+    }
+    .unwrap_or_else(|e| panic!("{entry}: {e}"));
 }
 
 /// Row-major coordinates of element `i` of `shape`.
@@ -502,8 +510,6 @@ fn attention_and_its_gradients_match_the_f64_reference_causal_or_not() {
         };
         let meta = shape.meta().unwrap();
         let launch = |entry: &str, params: &[*mut c_void]| {
-            let mut all = vec![ptr(&meta)];
-            all.extend_from_slice(params);
             let blocks = (s * t).div_ceil(ATTENTION_BLOCK as usize) as u32;
             // SAFETY: the kernels' parameters in order, each buffer of the size the meta says.
             unsafe {
@@ -511,7 +517,8 @@ fn attention_and_its_gradients_match_the_f64_reference_causal_or_not() {
                     entry,
                     ATTENTION_SOURCE,
                     entry,
-                    &all,
+                    &meta,
+                    params,
                     [blocks, 1, 1],
                     [ATTENTION_BLOCK, 1, 1],
                 )
@@ -618,7 +625,7 @@ fn convolution_passes_match_the_f64_reference_with_strides_and_padding() {
         let (meta, outputs) = kernel_meta::conv2d(pass, shape).unwrap();
         assert_eq!(outputs, want.len());
         let mut got = vec![0f32; outputs];
-        let all = [ptr(&meta), ptr(a), ptr(b), out(&mut got)];
+        let all = [ptr(a), ptr(b), out(&mut got)];
         let blocks = outputs.div_ceil(WINDOW_BLOCK as usize) as u32;
         // SAFETY: meta, a, b, out, as the kernel takes them, sized as the meta says.
         unsafe {
@@ -626,6 +633,7 @@ fn convolution_passes_match_the_f64_reference_with_strides_and_padding() {
                 "rtx_conv2d",
                 WINDOW_SOURCE,
                 "rtx_conv2d",
+                &meta,
                 &all,
                 [blocks, 1, 1],
                 [WINDOW_BLOCK, 1, 1],
@@ -706,7 +714,7 @@ fn pooling_and_its_gradients_follow_the_cpus_rules() {
     ] {
         let (meta, outputs) = kernel_meta::pool2d(pass, [n, c, h, w], (k, s, p), [oh, ow]).unwrap();
         let mut got = vec![0f32; outputs];
-        let all = [ptr(&meta), ptr(a), ptr(b), out(&mut got)];
+        let all = [ptr(a), ptr(b), out(&mut got)];
         let blocks = outputs.div_ceil(WINDOW_BLOCK as usize) as u32;
         // SAFETY: meta, a, b, out, as the kernel takes them, sized as the meta says.
         unsafe {
@@ -714,6 +722,7 @@ fn pooling_and_its_gradients_follow_the_cpus_rules() {
                 "rtx_pool2d",
                 WINDOW_SOURCE,
                 "rtx_pool2d",
+                &meta,
                 &all,
                 [blocks, 1, 1],
                 [WINDOW_BLOCK, 1, 1],

@@ -19,8 +19,9 @@ pub const ATTENTION_SOURCE: &str = r#"
 
 // out[s, i] = softmax_j(q_i . k_j * scale) v_j over contiguous q [S, Tq, D], k [S, Tk, D],
 // v [S, Tk, Dv]: one thread per query row, an online softmax over the keys.
-extern "C" __global__ void rtx_attention(const unsigned int* prm, const float* q, const float* k,
+extern "C" __global__ void rtx_attention(RTX_META, const float* q, const float* k,
                                          const float* v, float* out) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int r = RTX_INDEX;
     const unsigned int tq = prm[1], tk = prm[2], d = prm[3], dv = prm[6];
     if (r >= prm[0] * tq) return;
@@ -51,9 +52,10 @@ extern "C" __global__ void rtx_attention(const unsigned int* prm, const float* q
 // The backward pass's per-query half: each query row's softmax maximum and sum and
 // D_i = sum_j p_ij (g_i . v_j) into stats [S * Tq, 3], dq into the first third of
 // out [3, S, Tq, D].
-extern "C" __global__ void rtx_attention_grad_q(const unsigned int* prm, const float* q,
+extern "C" __global__ void rtx_attention_grad_q(RTX_META, const float* q,
                                                 const float* k, const float* v, const float* g,
                                                 float* stats, float* out) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int r = RTX_INDEX;
     const unsigned int tq = prm[1], tk = prm[2], d = prm[3];
     if (r >= prm[0] * tq) return;
@@ -102,9 +104,10 @@ extern "C" __global__ void rtx_attention_grad_q(const unsigned int* prm, const f
 
 // The per-key half: dk and dv of each key row from the query rows that see it, into the
 // second and third thirds of out, from the statistics of rtx_attention_grad_q.
-extern "C" __global__ void rtx_attention_grad_kv(const unsigned int* prm, const float* q,
+extern "C" __global__ void rtx_attention_grad_kv(RTX_META, const float* q,
                                                  const float* k, const float* v, const float* g,
                                                  const float* stats, float* out) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int r = RTX_INDEX;
     const unsigned int tq = prm[1], tk = prm[2], d = prm[3];
     if (r >= prm[0] * tk) return;

@@ -111,18 +111,18 @@ impl Host {
         group: u32,
     ) -> Result<()> {
         let _order = self.lock();
-        let mut meta = meta.to_vec();
-        let mut params: Vec<*mut c_void> = vec![meta.as_mut_ptr().cast()];
-        params.extend(buffers.iter().map(|b| b.ptr().cast::<c_void>()));
-        // SAFETY: the runtime's kernels take exactly these pointers (meta, then the buffers)
-        // and touch only the elements their meta words describe, which the caller sized the
-        // buffers for (as on a GPU); the lock is held for the whole run.
+        let buffers: Vec<*mut c_void> = buffers.iter().map(|b| b.ptr().cast::<c_void>()).collect();
+        // SAFETY: the runtime's kernels take exactly these parameters (the meta words, then
+        // the buffers' pointers) and touch only the elements their meta words describe,
+        // which the caller sized the buffers for (as on a GPU); the lock is held for the
+        // whole run.
         unsafe {
             self.kernels.launch(
                 kernel.name,
                 kernel.source,
                 kernel.entry,
-                &params,
+                meta,
+                &buffers,
                 [grid[0], grid[1], 1],
                 [group, 1, 1],
             )

@@ -22,7 +22,8 @@ pub const SOURCE: &str = r#"
 
 // One thread per output: its kept coordinates give a base offset, then a loop over the
 // reduced elements in order. Meta: kernel_meta::reduce.
-extern "C" __global__ void rtx_reduce(const unsigned int* prm, const float* x, float* out) {
+extern "C" __global__ void rtx_reduce(RTX_META, const float* x, float* out) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int o = RTX_INDEX;
     if (o >= prm[0]) return;
     const unsigned int count = prm[1], kr = prm[2], rr = prm[3], mode = prm[4];
@@ -62,8 +63,9 @@ extern "C" __global__ void rtx_reduce(const unsigned int* prm, const float* x, f
 }
 
 // out[r] = x[r * cols + idx[r]]. Meta: [rows, cols].
-extern "C" __global__ void rtx_pick(const unsigned int* prm, const float* x,
+extern "C" __global__ void rtx_pick(RTX_META, const float* x,
                                     const unsigned int* idx, float* out) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int r = RTX_INDEX;
     if (r >= prm[0]) return;
     const unsigned int cols = prm[1];
@@ -72,8 +74,9 @@ extern "C" __global__ void rtx_pick(const unsigned int* prm, const float* x,
 }
 
 // out[r, j] = g[r] if j == idx[r] else 0. Meta: [rows, cols].
-extern "C" __global__ void rtx_pick_grad(const unsigned int* prm, const float* g,
+extern "C" __global__ void rtx_pick_grad(RTX_META, const float* g,
                                          const unsigned int* idx, float* out) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int e = RTX_INDEX;
     const unsigned int cols = prm[1];
     if (e >= prm[0] * cols) return;
@@ -82,8 +85,9 @@ extern "C" __global__ void rtx_pick_grad(const unsigned int* prm, const float* g
 }
 
 // out[r, j] = w[ids[r], j]. Meta: kernel_meta::gather_rows.
-extern "C" __global__ void rtx_gather_rows(const unsigned int* prm, const float* w,
+extern "C" __global__ void rtx_gather_rows(RTX_META, const float* w,
                                            const unsigned int* ids, float* out) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int e = RTX_INDEX;
     const unsigned int cols = prm[1];
     if (e >= prm[0] * cols) return;
@@ -93,9 +97,10 @@ extern "C" __global__ void rtx_gather_rows(const unsigned int* prm, const float*
 
 // out[v, j] = sum of g[k, j] over rows[starts[v] .. starts[v + 1]], in order: each output
 // is one thread's sum, no atomics. Meta: [vocab, cols]; g contiguous.
-extern "C" __global__ void rtx_scatter_rows(const unsigned int* prm, const float* g,
+extern "C" __global__ void rtx_scatter_rows(RTX_META, const float* g,
                                             const unsigned int* starts,
                                             const unsigned int* rows, float* out) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int e = RTX_INDEX;
     const unsigned int cols = prm[1];
     if (e >= prm[0] * cols) return;
@@ -106,7 +111,8 @@ extern "C" __global__ void rtx_scatter_rows(const unsigned int* prm, const float
 }
 
 // out[view] = x[view] for two strided views of one shape. Meta: kernel_meta::strided_copy.
-extern "C" __global__ void rtx_copy_into(const unsigned int* prm, const float* x, float* out) {
+extern "C" __global__ void rtx_copy_into(RTX_META, const float* x, float* out) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int i = RTX_INDEX;
     if (i >= prm[0]) return;
     const unsigned int rank = prm[1], xb = 2u + rank, ob = 3u + 2u * rank;
@@ -123,8 +129,9 @@ extern "C" __global__ void rtx_copy_into(const unsigned int* prm, const float* x
 
 // The gradient of a max: out[i] = g[kept(i)] where i is its group's first maximum (firsts,
 // the positions rtx_reduce's mode 3 gives), else 0. Meta: kernel_meta::scatter_first.
-extern "C" __global__ void rtx_scatter_first(const unsigned int* prm, const float* g,
+extern "C" __global__ void rtx_scatter_first(RTX_META, const float* g,
                                              const unsigned int* firsts, float* out) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int i = RTX_INDEX;
     if (i >= prm[0]) return;
     const unsigned int rank = prm[1];
@@ -141,8 +148,9 @@ extern "C" __global__ void rtx_scatter_first(const unsigned int* prm, const floa
 
 // One optimizer step over a parameter, in place, to the CPU's formulas (rtx_core::optim).
 // Meta: kernel_meta::optimizer (rule 0 Adam, 1 SGD with momentum, 2 plain SGD).
-extern "C" __global__ void rtx_optimizer_step(const unsigned int* prm, float* p, const float* g,
+extern "C" __global__ void rtx_optimizer_step(RTX_META, float* p, const float* g,
                                               float* s1, float* s2) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int i = RTX_INDEX;
     if (i >= prm[0]) return;
     const unsigned int rule = prm[1];
@@ -188,8 +196,9 @@ __device__ __forceinline__ bool rtx_before(float a, unsigned int i, float b, uns
 // first element in rtx_before's order after pick t - 1 (O(k n), no sort buffer). Mode 0
 // writes values to out [rows, k] and positions to idx [rows, k]; mode 1 the gradient
 // out [rows, n]: zeros with g [rows, k] at the picked positions. Meta: [mode, rows, n, k].
-extern "C" __global__ void rtx_top_k(const unsigned int* prm, const float* x, const float* g,
+extern "C" __global__ void rtx_top_k(RTX_META, const float* x, const float* g,
                                      float* out, unsigned int* idx) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int r = RTX_INDEX;
     const unsigned int mode = prm[0], n = prm[2], k = prm[3];
     if (r >= prm[1]) return;

@@ -40,6 +40,8 @@ pub use gemm::GemmShape;
 pub use kernels::CudaView;
 pub use runtime::{Arg, CudaBuffer, CudaDevice, CudaKernel, cuda_available};
 
+pub use crate::launch_abi::{LAUNCH_ABI, META_INLINE_WORDS};
+
 const NVRTC_HELP: &str = "install the wheel `nvidia-cuda-nvrtc-cu12` and put \
      site-packages/nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH";
 
@@ -110,7 +112,8 @@ pub fn compile(name: &str, source: &str, arch: &str, options: &[&str]) -> Result
         name: name.to_string(),
         message,
     };
-    let src = CString::new(source).map_err(|_| compile_error("source holds a NUL byte".into()))?;
+    let src = CString::new(format!("{LAUNCH_ABI}{source}"))
+        .map_err(|_| compile_error("source holds a NUL byte".into()))?;
     let file = CString::new(format!("{name}.cu"))
         .map_err(|_| compile_error("name holds a NUL byte".into()))?;
     let program = Program(
@@ -156,8 +159,8 @@ pub fn compile(name: &str, source: &str, arch: &str, options: &[&str]) -> Result
     })
 }
 
-/// [`compile`] through `cache`: an entry for the same source, architecture, options and
-/// NVRTC version is loaded instead of compiled.
+/// [`compile`] through `cache`: an entry for the same source, launch ABI, architecture,
+/// options and NVRTC version is loaded instead of compiled.
 pub fn compile_cached(
     cache: &crate::kernel_cache::KernelCache,
     name: &str,
@@ -168,9 +171,10 @@ pub fn compile_cached(
     let (major, minor) = nvrtc_version()?;
     let compiler = format!("nvrtc {major}.{minor}");
     let options_text = options.join(" ");
-    let (ptx, cubin) = cache.get_or_compile(&[&compiler, arch, &options_text, source], || {
-        compile(name, source, arch, options).map(|k| (k.ptx, k.cubin))
-    })?;
+    let (ptx, cubin) = cache.get_or_compile(
+        &[&compiler, arch, &options_text, LAUNCH_ABI, source],
+        || compile(name, source, arch, options).map(|k| (k.ptx, k.cubin)),
+    )?;
     Ok(CompiledKernel {
         name: name.to_string(),
         arch: arch.to_string(),

@@ -19,12 +19,14 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use super::{GpuError, Result};
+use crate::launch_abi::{LAUNCH_ABI, LaunchMeta};
 
 /// What CUDA gives a kernel that a C++ compiler does not. `__fmul_rn` and friends round each
 /// operation alone, which `-ffp-contract=off` keeps true of the plain operators.
 const SHIM: &str = r#"
 #include <math.h>
 #include <string.h>
+#include <type_traits>
 #include <utility>
 struct rtx_dim3 { unsigned int x, y, z; };
 static rtx_dim3 blockIdx, threadIdx, gridDim, blockDim;
@@ -37,9 +39,14 @@ static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
+// A pointer parameter is the pointer itself; a struct (the meta words) is read from it.
+template <typename P> static P rtx_arg(void* p) {
+    if constexpr (std::is_pointer<P>::value) return static_cast<P>(p);
+    else return *static_cast<P*>(p);
+}
 template <typename... P, size_t... I>
 static void rtx_apply(void (*k)(P...), void** a, std::index_sequence<I...>) {
-    k(static_cast<P>(a[I])...);
+    k(rtx_arg<P>(a[I])...);
 }
 template <typename... P>
 static void rtx_invoke(void (*k)(P...), void** a) {
@@ -47,7 +54,8 @@ static void rtx_invoke(void (*k)(P...), void** a) {
 }
 "#;
 
-/// The launcher's signature: the kernel's parameters as pointers, grid x, y, z, block x, y, z.
+/// The launcher's signature: the kernel's parameters as pointers (a by-value one as a pointer
+/// to it), grid x, y, z, block x, y, z.
 type Launch = unsafe extern "C" fn(*const *mut c_void, u32, u32, u32, u32, u32, u32);
 
 /// A C++ compiler that builds CUDA kernels for this CPU, and the kernels it built.
@@ -122,7 +130,7 @@ impl CudaOnCpu {
         );
         let cpp = self.dir.join(format!("k{key:016x}.cpp"));
         let so = self.dir.join(format!("k{key:016x}.so"));
-        std::fs::write(&cpp, format!("{SHIM}{source}\n{launcher}"))
+        std::fs::write(&cpp, format!("{SHIM}{LAUNCH_ABI}{source}\n{launcher}"))
             .map_err(|e| GpuError::Call(e.to_string()))?;
         let out = Command::new(&self.compiler)
             .args([
@@ -157,23 +165,33 @@ impl CudaOnCpu {
         Ok(f)
     }
 
-    /// Runs kernel `entry` of `source` over `grid` blocks of `block` threads, with `params`
-    /// as its parameters in order (host pointers to the buffers it reads and writes).
+    /// Runs kernel `entry` of `source` over `grid` blocks of `block` threads, with `meta` as
+    /// its meta words (passed as a GPU launch passes them: in the `RTX_META` parameter when
+    /// they fit, else from a buffer) and then `buffers`, host pointers to what it reads and
+    /// writes.
     ///
     /// # Safety
-    /// `params` match the kernel's parameters in number and pointee type, and every element
-    /// the kernel reads or writes through them is inside its buffer.
+    /// `buffers` match the kernel's parameters after its meta words in number and pointee
+    /// type, and every element the kernel reads or writes through them is inside its buffer.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn launch(
         &self,
         name: &str,
         source: &str,
         entry: &str,
-        params: &[*mut c_void],
+        meta: &[u32],
+        buffers: &[*mut c_void],
         grid: [u32; 3],
         block: [u32; 3],
     ) -> Result<()> {
         let f = self.launcher(name, source, entry)?;
-        // SAFETY: the caller's guarantees; the launcher passes each pointer to its parameter.
+        let spill = meta.to_vec();
+        let mut launch_meta =
+            LaunchMeta::inline(meta).unwrap_or_else(|| LaunchMeta::spilled(spill.as_ptr() as u64));
+        let mut params: Vec<*mut c_void> = vec![(&mut launch_meta as *mut LaunchMeta).cast()];
+        params.extend_from_slice(buffers);
+        // SAFETY: the caller's guarantees; the launcher passes each pointer to its parameter,
+        // and the meta words' struct by value; `spill` outlives the run.
         unsafe {
             f(
                 params.as_ptr(),

@@ -34,6 +34,7 @@ use cudarc::nvrtc::Ptx;
 use super::host::{Host, HostWords};
 use super::{GpuError, Result, compile_cached};
 use crate::kernel_cache::KernelCache;
+use crate::launch_abi::LaunchMeta;
 
 const DRIVER_HELP: &str = "the CUDA runtime needs an NVIDIA driver (libcuda.so) and a GPU";
 const CUBLAS_HELP: &str = "install the wheel `nvidia-cublas-cu12` and put \
@@ -133,6 +134,9 @@ pub(super) struct Driver {
     cache: KernelCache,
     functions: Mutex<HashMap<u64, CudaFunction>>,
 }
+
+// SAFETY: `LaunchMeta` is `repr(C)` plain words, the layout of `rtx_meta` in `LAUNCH_ABI`.
+unsafe impl cudarc::driver::DeviceRepr for LaunchMeta {}
 
 fn call(what: &str) -> impl Fn(DriverError) -> GpuError + '_ {
     move |e| GpuError::Call(format!("{what}: {e:?}"))
@@ -447,28 +451,36 @@ impl CudaDevice {
             }
         };
         let f = self.function(d, kernel)?;
-        let meta = self.upload_u32(meta)?;
         let cfg = LaunchConfig {
             grid_dim: (x as u32, y as u32, 1),
             block_dim: (group, 1, 1),
             shared_mem_bytes: 0,
         };
+        // Meta words travel in the launch's parameters; only longer ones take a buffer
+        // (freed on the stream after the launch, so it lives as long as the kernel needs).
+        let (launch_meta, _spill) = match LaunchMeta::inline(meta) {
+            Some(inline) => (inline, None),
+            None => {
+                let buffer = self.upload_u32(meta)?;
+                let ptr = buffer.device_slice()?.device_ptr(&d.stream).0;
+                (LaunchMeta::spilled(ptr), Some(buffer))
+            }
+        };
         // Raw device pointers, so that buffers written are taken by shared reference (the
         // guards do nothing with event tracking off, and live until the launch is queued).
-        let (meta_ptr, _meta_guard) = meta.device_slice()?.device_ptr(&d.stream);
         let slices = args
             .iter()
             .map(|a| a.buffer().device_slice())
             .collect::<Result<Vec<_>>>()?;
         let pointers: Vec<_> = slices.iter().map(|s| s.device_ptr(&d.stream)).collect();
         let mut launch = d.stream.launch_builder(&f);
-        launch.arg(&meta_ptr);
+        launch.arg(&launch_meta);
         for (ptr, _) in &pointers {
             launch.arg(ptr);
         }
-        // SAFETY: the kernel takes exactly these pointers (meta, then `args`), and reads and
-        // writes only the elements its meta words describe, which the caller sized the
-        // buffers for.
+        // SAFETY: the kernel takes exactly these parameters (`RTX_META` of `LAUNCH_ABI`, whose
+        // struct `LaunchMeta` is, then `args`' pointers), and reads and writes only the
+        // elements its meta words describe, which the caller sized the buffers for.
         unsafe { launch.launch(cfg) }
             .map(|_| ())
             .map_err(|e| GpuError::Call(format!("`{}`: {e:?}", kernel.name)))

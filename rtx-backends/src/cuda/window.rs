@@ -17,8 +17,9 @@ pub const WINDOW_SOURCE: &str = r#"
 
 // Mode 0: y from x (a) and w (b); 1: the input gradient from g (a) and w (b); 2: the weight
 // gradient from x (a) and g (b). Each output sums its taps in order.
-extern "C" __global__ void rtx_conv2d(const unsigned int* prm, const float* a, const float* b,
+extern "C" __global__ void rtx_conv2d(RTX_META, const float* a, const float* b,
                                       float* out) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int e = RTX_INDEX;
     const unsigned int mode = prm[0], n_ = prm[1], c_ = prm[2], h = prm[3], w = prm[4];
     const unsigned int o_ = prm[5], kh_ = prm[6], kw_ = prm[7], oh_ = prm[8], ow_ = prm[9];
@@ -101,8 +102,9 @@ __device__ __forceinline__ void rtx_window_first_max(const unsigned int* prm, co
 }
 
 // Mode 0 max, 1 average, 2 max gradient (a = x, b = g), 3 average gradient (a = g).
-extern "C" __global__ void rtx_pool2d(const unsigned int* prm, const float* a, const float* b,
+extern "C" __global__ void rtx_pool2d(RTX_META, const float* a, const float* b,
                                       float* out) {
+    const unsigned int* prm = RTX_META_WORDS;
     const unsigned int e = RTX_INDEX;
     const unsigned int mode = prm[0], planes = prm[1] * prm[2];
     const int h = (int)prm[3], w = (int)prm[4], kh_ = (int)prm[5], kw_ = (int)prm[6];

@@ -111,7 +111,8 @@ pub fn compile(name: &str, source: &str, arch: &str, options: &[&str]) -> Result
                 .map_err(symbol)?,
         )
     };
-    let src = CString::new(source).map_err(|_| error("source holds a NUL byte".into()))?;
+    let src = CString::new(format!("{}{source}", crate::launch_abi::LAUNCH_ABI))
+        .map_err(|_| error("source holds a NUL byte".into()))?;
     let file =
         CString::new(format!("{name}.hip")).map_err(|_| error("name holds a NUL byte".into()))?;
     let mut program: Program = std::ptr::null_mut();
@@ -186,9 +187,16 @@ pub fn compile_cached(
 ) -> Result<CompiledKernel> {
     let compiler = format!("hiprtc {LIBRARY}");
     let options_text = options.join(" ");
-    let (_, code) = cache.get_or_compile(&[&compiler, arch, &options_text, source], || {
-        compile(name, source, arch, options).map(|k| (String::new(), k.code))
-    })?;
+    let (_, code) = cache.get_or_compile(
+        &[
+            &compiler,
+            arch,
+            &options_text,
+            crate::launch_abi::LAUNCH_ABI,
+            source,
+        ],
+        || compile(name, source, arch, options).map(|k| (String::new(), k.code)),
+    )?;
     Ok(CompiledKernel {
         name: name.to_string(),
         arch: arch.to_string(),

@@ -128,6 +128,7 @@ pub fn fused(name: &str, inputs: usize, body: &[Instr], outputs: &[NodeId]) -> S
     let params = parameters(inputs, outputs.len());
     k.push_str(&format!(
         "\nextern \"C\" __global__ void {name}({}) {{\n    \
+         const unsigned int* __restrict__ params = RTX_META_WORDS;\n    \
          const unsigned int i = (blockIdx.y * gridDim.x + blockIdx.x) * {POINTWISE_GROUP}u + threadIdx.x;\n    \
          if (i >= params[0]) return;\n    \
          const unsigned int rank = params[1];\n",
@@ -182,6 +183,7 @@ pub fn rows(
     let params = parameters(inputs, outputs.len());
     k.push_str(&format!(
         "\nextern \"C\" __global__ void {name}({}) {{\n    \
+         const unsigned int* __restrict__ params = RTX_META_WORDS;\n    \
          const unsigned int r = (blockIdx.y * gridDim.x + blockIdx.x) * {ROWS_GROUP}u + threadIdx.x;\n    \
          const unsigned int rank = params[1];\n    \
          const unsigned int cols = params[1u + rank];\n    \
@@ -212,9 +214,11 @@ pub fn rows(
     k
 }
 
-/// The kernel's parameter list: meta words, inputs, outputs.
+/// The kernel's parameter list: meta words (by value: `RTX_META` of the runtime's launch ABI,
+/// `rtx_backends::launch_abi`, which every CUDA and HIP compile puts in front), inputs,
+/// outputs.
 fn parameters(inputs: usize, outputs: usize) -> String {
-    let mut params = vec!["const unsigned int* __restrict__ params".to_string()];
+    let mut params = vec!["RTX_META".to_string()];
     params.extend((0..inputs).map(|i| format!("const float* __restrict__ in{i}")));
     params.extend((0..outputs).map(|o| format!("float* __restrict__ out{o}")));
     params.join(", ")
