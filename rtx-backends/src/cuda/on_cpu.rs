@@ -185,13 +185,13 @@ impl CudaOnCpu {
         block: [u32; 3],
     ) -> Result<()> {
         let f = self.launcher(name, source, entry)?;
-        let spill = meta.to_vec();
+        // Past the inline words the kernel reads the caller's slice itself.
         let mut launch_meta =
-            LaunchMeta::inline(meta).unwrap_or_else(|| LaunchMeta::spilled(spill.as_ptr() as u64));
+            LaunchMeta::inline(meta).unwrap_or_else(|| LaunchMeta::spilled(meta.as_ptr() as u64));
         let mut params: Vec<*mut c_void> = vec![(&mut launch_meta as *mut LaunchMeta).cast()];
         params.extend_from_slice(buffers);
         // SAFETY: the caller's guarantees; the launcher passes each pointer to its parameter,
-        // and the meta words' struct by value; `spill` outlives the run.
+        // and the meta words' struct by value; `meta` outlives the run.
         unsafe {
             f(
                 params.as_ptr(),
