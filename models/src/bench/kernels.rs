@@ -1,7 +1,7 @@
 //! The benchmarks of single kernels: convolution and pooling layers, the elementwise chain
 //! beside a copy, and GEMM (square, layer shapes, bf16).
 
-use super::{Line, Plan, Timing, measure, normal_vec};
+use super::{Line, Plan, Timing, measure, measure_cold, normal_vec};
 use crate::bench_models::BenchKernels;
 use rtx_core::prelude::*;
 use std::hint::black_box;
@@ -193,7 +193,9 @@ pub(super) fn gemm() -> Result<()> {
 /// The products of the MLP and transformer layers, `[m, k] @ [k, n]`, each in the three forms
 /// a training step runs: `nn` (both row-major), `nt` (B a row-major `[n, k]` weight read
 /// transposed: the forward pass of a Linear) and `tn` (A a row-major `[k, m]` read transposed:
-/// a weight gradient `x^T dY`), through the kernel entry point on a thread of rayon's pool.
+/// a weight gradient `x^T dY`; with its bias gradient, `tn_row_sums`, and that again with both
+/// operands cold, `tn_row_sums_cold`, as a step runs it), through the kernel entry point on a
+/// thread of rayon's pool.
 pub(super) fn gemm_shapes() -> Result<()> {
     rtx_core::parallel::run(usize::MAX, gemm_shapes_in_pool)
 }
@@ -269,6 +271,14 @@ fn gemm_shapes_in_pool() -> Result<()> {
                     Ok(())
                 })?;
                 report("tn_row_sums", &timing);
+                // The same, as a step runs it: both operands cold.
+                let timing = measure_cold(30, || {
+                    let (product, sums, _) = cpu::matmul_row_sums(&a, &la, &b, &lb)?;
+                    give_back(black_box(product));
+                    give_back(black_box(sums));
+                    Ok(())
+                })?;
+                report("tn_row_sums_cold", &timing);
             }
         }
     }

@@ -18,6 +18,7 @@ use kernels::{attention, cnn_layers, elementwise_chain, gemm, gemm_bf16, gemm_f1
 use memory::memory;
 use rtx_core::prelude::*;
 use std::fmt;
+use std::hint::black_box;
 use std::time::{Duration, Instant};
 use steps::{cnn_step, gpt_step, mlp_forward, mlp_step_small, mlp_step_wide};
 
@@ -108,6 +109,22 @@ fn measure(plan: Plan, mut work: impl FnMut() -> Result<()>) -> Result<Timing> {
     if let Some(table) = rtx_core::profile::report(samples_us.len() as u64) {
         eprintln!("{table}");
         rtx_core::profile::reset();
+    }
+    Ok(Timing { samples_us })
+}
+
+/// `iters` timed runs of `work`, each after the caches are emptied (64 MiB written, more
+/// than this machine's L3), with no warm-up: a weight gradient in a training step reads
+/// activations the forward pass wrote long before, which a repeated warm run keeps in cache.
+fn measure_cold(iters: usize, mut work: impl FnMut() -> Result<()>) -> Result<Timing> {
+    let mut evict = vec![0u8; 64 << 20];
+    let mut samples_us = Vec::with_capacity(iters);
+    for i in 0..iters {
+        evict.fill(i as u8);
+        black_box(&evict);
+        let t = Instant::now();
+        work()?;
+        samples_us.push(t.elapsed().as_secs_f64() * 1e6);
     }
     Ok(Timing { samples_us })
 }

@@ -296,6 +296,10 @@ fn every_kernel_matches_the_naive_product_on_broadcast_batches() {
             (vec![3, 19, 33], vec![3, 33, 20]),
             (vec![2, 3, 40, 17], vec![17, 35]),
             (vec![3, 1, 15, 9], vec![4, 9, 31]),
+            // A per-batch row-major B of several panels, packed a band of K rows at a time
+            // into every panel (a K of one band and a part, serially and in parallel).
+            (vec![2, 3, 70], vec![2, 70, 40]),
+            (vec![2, 21, 130], vec![2, 130, 75]),
         ] {
             let (a, la) = random_contiguous(&mut rng, &sa);
             let (b, lb) = random_contiguous(&mut rng, &sb);

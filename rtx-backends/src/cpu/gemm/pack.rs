@@ -63,6 +63,97 @@ pub(super) fn pack_b_panel(
     }
 }
 
+/// All of B packed as [`pack_b_panel`] packs each panel, for `count` operands (`b_of(i)`,
+/// each `k x n`), into `dst` (`count * panels * k * nr` values, operand by operand).
+///
+/// A row-major B is packed a band of K rows at a time into every panel: one panel at a time
+/// reads a `nr`-value stripe of each of the k rows, which for an activation that has left
+/// the caches (a weight gradient's B, packed cold) is a miss per row with the prefetcher
+/// unable to follow, while a band reads B front to back.
+pub(super) fn pack_b<'b>(
+    b_of: &(dyn Fn(usize) -> MatrixView<'b> + Sync),
+    count: usize,
+    k: usize,
+    n: usize,
+    nr: usize,
+    dst: &mut [f32],
+    parallel: bool,
+) {
+    use rayon::prelude::*;
+    let panels = n.div_ceil(nr);
+    let by_rows = panels > 1 && (0..count).all(|i| b_of(i).col_stride == 1);
+    if !by_rows {
+        let pack = |(index, dst): (usize, &mut [f32])| {
+            let (operand, panel) = (index / panels, index % panels);
+            pack_b_panel(b_of(operand), k, n, nr, panel, dst);
+        };
+        if parallel {
+            dst.par_chunks_mut(k * nr).enumerate().for_each(pack);
+        } else {
+            dst.chunks_mut(k * nr).enumerate().for_each(pack);
+        }
+        return;
+    }
+    // Band `band` of operand `i` is `bands[i * per_operand + band]`: its slice of every panel.
+    let per_operand = k.div_ceil(ROW_BAND);
+    let mut bands: Vec<Vec<&mut [f32]>> = (0..count * per_operand)
+        .map(|_| Vec::with_capacity(panels))
+        .collect();
+    for (index, panel) in dst.chunks_mut(k * nr).enumerate() {
+        let first = index / panels * per_operand;
+        for (band, piece) in panel.chunks_mut(ROW_BAND * nr).enumerate() {
+            bands[first + band].push(piece);
+        }
+    }
+    let pack = |(index, mut pieces): (usize, Vec<&mut [f32]>)| {
+        let (operand, band) = (index / per_operand, index % per_operand);
+        let k0 = band * ROW_BAND;
+        pack_b_band(b_of(operand), k0, ROW_BAND.min(k - k0), n, nr, &mut pieces);
+    };
+    if parallel {
+        bands.into_par_iter().enumerate().for_each(pack);
+    } else {
+        bands.into_iter().enumerate().for_each(pack);
+    }
+}
+
+/// Rows of K per band when a row-major B is packed by bands (`pack_b`): a band's slice of a
+/// 32-wide panel is 8 KiB.
+const ROW_BAND: usize = 64;
+
+/// Rows `k0..k0 + kb` of a row-major B (`col_stride == 1`) into each panel's slice of that
+/// band (`pieces[p]`: `kb * nr` values of panel `p`; columns past `n` are zero).
+fn pack_b_band(
+    b: MatrixView,
+    k0: usize,
+    kb: usize,
+    n: usize,
+    nr: usize,
+    pieces: &mut [&mut [f32]],
+) {
+    let full = n / nr;
+    for kk in 0..kb {
+        let start = b.offset + (k0 + kk) * b.row_stride;
+        let row = &b.data[start..start + n];
+        for (p, piece) in pieces.iter_mut().enumerate() {
+            let dst = &mut piece[kk * nr..(kk + 1) * nr];
+            let src = &row[p * nr..];
+            if p < full {
+                // A constant width: a few vector moves, not a memcpy call per panel row.
+                match nr {
+                    16 => dst.copy_from_slice(&src[..16]),
+                    32 => dst.copy_from_slice(&src[..32]),
+                    _ => dst.copy_from_slice(&src[..nr]),
+                }
+            } else {
+                let width = n - p * nr;
+                dst[..width].copy_from_slice(&src[..width]);
+                dst[width..].fill(0.0);
+            }
+        }
+    }
+}
+
 /// A full `NR`-wide panel of a row-major B (`col_stride == 1`) from column `col0`, into
 /// `dst` (`k * NR` values).
 #[inline(always)]

@@ -82,15 +82,7 @@ pub(super) fn packed<'b, A: PackA>(
     // outside the pool is driven by whichever worker picks it up, and a per-thread buffer
     // would first grow on each worker at some arbitrary later step.
     with_cached_scratch(b_count * b_len, |packed_b| {
-        let pack = |(index, dst): (usize, &mut [f32])| {
-            let (batch, panel) = (index / panels, index % panels);
-            pack::pack_b_panel(b_view(batch), k, n, nr, panel, dst);
-        };
-        if parallel {
-            packed_b.par_chunks_mut(k * nr).enumerate().for_each(pack);
-        } else {
-            packed_b.chunks_mut(k * nr).enumerate().for_each(pack);
-        }
+        pack::pack_b(b_view, b_count, k, n, nr, packed_b, parallel);
         let packed_b = &*packed_b;
         with_cached_scratch(if share_a { batches * a_len } else { 0 }, |shared_a| {
             if share_a {
