@@ -120,6 +120,12 @@ fn the_runtimes_core_op_kernels_compile_to_an_sm_90_cubin() {
         );
     }
     assert!(!compiled.cubin.is_empty());
+    let tiled = rtx_backends::cuda::gemm_tiled::GEMM_TILED;
+    let compiled =
+        compile(tiled.name, tiled.source, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(compiled.ptx.contains(&format!(".entry {}(", tiled.entry)));
+    // Its tiles are staged in shared memory, and its accumulators stay in registers.
+    assert!(compiled.ptx.contains(".shared"));
     let attention = rtx_backends::cuda::attention::ATTENTION_SOURCE;
     let compiled = compile("attention", attention, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
     for entry in [
@@ -154,6 +160,12 @@ fn kernels_read_their_meta_words_where_the_launch_put_them() {
         (
             "window".to_string(),
             rtx_backends::cuda::window::WINDOW_SOURCE.to_string(),
+        ),
+        (
+            "gemm_tiled".to_string(),
+            rtx_backends::cuda::gemm_tiled::GEMM_TILED
+                .source
+                .to_string(),
         ),
     ];
     for ir in models() {

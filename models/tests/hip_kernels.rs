@@ -90,4 +90,10 @@ fn the_core_op_kernels_compile_as_hip_for_gfx90a() {
         let entry = entry.as_bytes();
         assert!(compiled.code.windows(entry.len()).any(|w| w == entry));
     }
+    // The GEMM a HIP device runs in place of cuBLAS.
+    let tiled = rtx_backends::cuda::gemm_tiled::GEMM_TILED;
+    let source = format!("{}{}", cuda::HIP_PRELUDE, tiled.source);
+    let compiled = compile(tiled.name, &source, "gfx90a", &[]).unwrap_or_else(|e| panic!("{e}"));
+    let entry = tiled.entry.as_bytes();
+    assert!(compiled.code.windows(entry.len()).any(|w| w == entry));
 }

@@ -213,6 +213,56 @@ fn sgemm_matches_the_f64_reference_plain_transposed_and_batched() {
 }
 
 #[test]
+fn the_tiled_gemm_matches_the_f64_reference_on_every_layout_past_its_tile_edges() {
+    for d in devices("the_tiled_gemm_matches_the_f64_reference_on_every_layout_past_its_tile_edges")
+    {
+        // Two 64-row and two 64-column tiles, both ragged, and a K that is not a multiple of
+        // the kernel's 16-wide slices.
+        let (m, n, k) = (70, 67, 37);
+        for (at, bt) in [(false, false), (true, false), (false, true), (true, true)] {
+            // A's stored rows 3 values longer than they need, after 5 values of something else.
+            let (a_rows, a_cols) = if at { (k, m) } else { (m, k) };
+            let (lda, offset) = (a_cols + 3, 5);
+            let a_store = random(offset + a_rows * lda, 31);
+            let a: Vec<f32> = (0..a_rows * a_cols)
+                .map(|e| a_store[offset + e / a_cols * lda + e % a_cols])
+                .collect();
+            let b = random(k * n, 32);
+            let (ba, bb) = (d.upload_f32(&a_store).unwrap(), d.upload_f32(&b).unwrap());
+            let c = d.zeros(m * n).unwrap();
+            let shape = GemmShape {
+                a_transposed: at,
+                b_transposed: bt,
+                a_row_stride: Some(lda),
+                a_offset: offset,
+                ..GemmShape::plain(m, n, k)
+            };
+            d.gemm_f32_tiled(shape, &ba, &bb, &c).unwrap();
+            let want = reference(&a, &b, m, n, k, at, bt);
+            let what = format!("{}: at={at} bt={bt}", d.describe());
+            assert_close(&d.read_f32(&c).unwrap(), &want, k, &what);
+        }
+        // Three products sharing one B (batch stride 0), as a Linear over a batch runs.
+        let batches = 3;
+        let (a, b) = (random(batches * m * k, 33), random(k * n, 34));
+        let (ba, bb) = (d.upload_f32(&a).unwrap(), d.upload_f32(&b).unwrap());
+        let c = d.zeros(batches * m * n).unwrap();
+        let shape = GemmShape {
+            batches,
+            stride_b: 0,
+            ..GemmShape::plain(m, n, k)
+        };
+        d.gemm_f32_tiled(shape, &ba, &bb, &c).unwrap();
+        let got = d.read_f32(&c).unwrap();
+        for batch in 0..batches {
+            let want = reference(&a[batch * m * k..][..m * k], &b, m, n, k, false, false);
+            let what = format!("{}: batch {batch}", d.describe());
+            assert_close(&got[batch * m * n..][..m * n], &want, k, &what);
+        }
+    }
+}
+
+#[test]
 fn matmul_reads_strided_views_in_place_or_copied_to_the_f64_reference() {
     for d in devices("matmul_reads_strided_views_in_place_or_copied_to_the_f64_reference") {
         let (batches, m, n, k) = (3, 17, 23, 29);

@@ -285,7 +285,7 @@ impl CudaDevice {
 
 /// A row-major product as cuBLAS's column-major call: `C^T = B^T A^T`, so B is the first
 /// operand and A the second.
-struct ColumnMajor {
+pub(super) struct ColumnMajor {
     op_first: cudarc::cublas::sys::cublasOperation_t,
     op_second: cudarc::cublas::sys::cublasOperation_t,
     m: i32,
@@ -335,7 +335,7 @@ fn stored_as(
 
 /// Checks that every matrix of `shape` lies inside buffers of `a`, `b` and `c` values and
 /// that cuBLAS's 32-bit sizes hold it, and gives the column-major call.
-fn check_gemm(shape: GemmShape, a: usize, b: usize, c: usize) -> Result<ColumnMajor> {
+pub(super) fn check_gemm(shape: GemmShape, a: usize, b: usize, c: usize) -> Result<ColumnMajor> {
     use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
     let GemmShape { m, n, k, .. } = shape;
     // Stored [rows, cols] of A and B, and their leading dimensions (at least a row).

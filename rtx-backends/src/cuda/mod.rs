@@ -11,7 +11,8 @@
 //! - `kernels.rs`: the core ops' own kernels (reductions, gathers, scatters, strided copies),
 //!   the wgpu backend's in CUDA C over the same meta words (`kernel_meta`); `attention.rs`
 //!   the attention forward and backward kernels, `window.rs` convolution and pooling.
-//! - `gemm.rs`: row-major products (strided, transposed, batched views) as cuBLAS calls.
+//! - `gemm.rs`: row-major products (strided, transposed, batched views) as cuBLAS calls;
+//!   `gemm_tiled.rs` the same contract as a shared-memory kernel of our own (for HIP).
 //! - `on_cpu.rs`: the same kernels built for this CPU by a C++ compiler and run thread by
 //!   thread, so tests check the CUDA text's values without a GPU; `host.rs` makes that a
 //!   whole device ([`CudaDevice::on_cpu`]: host buffers, the CPU's GEMM for cuBLAS), so
@@ -31,6 +32,7 @@ pub use crate::gpu_error::{GpuError, Result};
 
 pub mod attention;
 mod gemm;
+pub mod gemm_tiled;
 mod host;
 pub mod kernels;
 pub mod on_cpu;

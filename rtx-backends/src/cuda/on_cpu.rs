@@ -5,7 +5,9 @@
 //!
 //! That computes what the GPU computes for kernels that use no shared memory, barriers or
 //! warp operations, which is every emitted pointwise and row kernel and every kernel of
-//! `kernels.rs`; `launch` refuses a source that mentions `__syncthreads` or `__shared__`.
+//! `kernels.rs`. A kernel that shares memory (`__shared__`, `__syncthreads`: the tiled GEMM
+//! of `gemm_tiled.rs`) runs each block's threads side by side as host threads instead
+//! (`THREADED_LAUNCH`); `launch` refuses warp operations (`__shfl`), which neither models.
 //! It cannot check the GPU's own libm (`expf`, `erff` differ from glibc's by an ulp or two)
 //! or the launch itself: the runtime's tests do that on a GPU. CI runs it so that the CUDA
 //! text's meaning is checked on every commit, not only that NVRTC compiles it.
@@ -29,7 +31,38 @@ const SHIM: &str = r#"
 #include <type_traits>
 #include <utility>
 struct rtx_dim3 { unsigned int x, y, z; };
-static rtx_dim3 blockIdx, threadIdx, gridDim, blockDim;
+static rtx_dim3 gridDim, blockDim;
+#ifdef RTX_THREADED_BLOCKS
+// A block's threads run side by side as host threads (see `THREADED_LAUNCH`): each knows its
+// own indices, `__shared__` memory is one static per kernel (blocks run one after another),
+// and `__syncthreads` waits for every thread of the block.
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+static thread_local rtx_dim3 blockIdx, threadIdx;
+struct rtx_barrier {
+    std::mutex lock;
+    std::condition_variable turned;
+    unsigned int count = 0, waiting = 0, generation = 0;
+    void wait() {
+        std::unique_lock<std::mutex> held(lock);
+        const unsigned int mine = generation;
+        if (++waiting == count) {
+            waiting = 0;
+            ++generation;
+            turned.notify_all();
+        } else {
+            turned.wait(held, [&] { return generation != mine; });
+        }
+    }
+};
+static rtx_barrier rtx_block_barrier;
+#define __syncthreads() rtx_block_barrier.wait()
+#define __shared__ static
+#else
+static rtx_dim3 blockIdx, threadIdx;
+#endif
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -51,6 +84,35 @@ static void rtx_apply(void (*k)(P...), void** a, std::index_sequence<I...>) {
 template <typename... P>
 static void rtx_invoke(void (*k)(P...), void** a) {
     rtx_apply(k, a, std::index_sequence_for<P...>{});
+}
+"#;
+
+/// The launcher of a kernel that shares memory between threads: one host thread per thread
+/// of a block, every one of them walking the grid's blocks in the same order and meeting at
+/// the barrier after each, so a block's `__shared__` statics are never in use by two blocks.
+/// The kernel must reach each `__syncthreads` in all threads of a block, as on a GPU.
+const THREADED_LAUNCH: &str = r#"
+extern "C" void rtx_launch(void** a, unsigned int gx, unsigned int gy, unsigned int gz,
+                           unsigned int bx, unsigned int by, unsigned int bz) {
+    gridDim = {gx, gy, gz};
+    blockDim = {bx, by, bz};
+    const unsigned int threads = bx * by * bz;
+    rtx_block_barrier.count = threads;
+    std::vector<std::thread> pool;
+    pool.reserve(threads);
+    for (unsigned int t = 0; t < threads; ++t) {
+        pool.emplace_back([=] {
+            threadIdx = {t % bx, t / bx % by, t / (bx * by)};
+            for (unsigned int z = 0; z < gz; ++z)
+                for (unsigned int y = 0; y < gy; ++y)
+                    for (unsigned int x = 0; x < gx; ++x) {
+                        blockIdx = {x, y, z};
+                        rtx_invoke({entry}, a);
+                        rtx_block_barrier.wait();
+                    }
+        });
+    }
+    for (auto& thread : pool) thread.join();
 }
 "#;
 
@@ -110,13 +172,17 @@ impl CudaOnCpu {
         if let Some((_, f)) = launches.get(&key) {
             return Ok(*f);
         }
-        if source.contains("__syncthreads") || source.contains("__shared__") {
+        if source.contains("__shfl") || source.contains("warpSize") {
             return Err(GpuError::Call(format!(
-                "`{name}` shares memory between threads, which running them in turn cannot show"
+                "`{name}` uses warp operations, which the CPU stand-in does not model"
             )));
         }
-        let launcher = format!(
-            "\nextern \"C\" void rtx_launch(void** a, unsigned int gx, unsigned int gy, unsigned int gz,\n\
+        let threaded = source.contains("__syncthreads") || source.contains("__shared__");
+        let launcher = if threaded {
+            THREADED_LAUNCH.replace("{entry}", entry)
+        } else {
+            format!(
+                "\nextern \"C\" void rtx_launch(void** a, unsigned int gx, unsigned int gy, unsigned int gz,\n\
              unsigned int bx, unsigned int by, unsigned int bz) {{\n\
              gridDim = {{gx, gy, gz}}; blockDim = {{bx, by, bz}};\n\
              for (unsigned int z = 0; z < gz; ++z) for (unsigned int y = 0; y < gy; ++y)\n\
@@ -127,15 +193,25 @@ impl CudaOnCpu {
              threadIdx = {{tx, ty, tz}};\n\
              rtx_invoke({entry}, a);\n\
              }}\n}}\n}}\n"
-        );
+            )
+        };
         let cpp = self.dir.join(format!("k{key:016x}.cpp"));
         let so = self.dir.join(format!("k{key:016x}.so"));
-        std::fs::write(&cpp, format!("{SHIM}{LAUNCH_ABI}{source}\n{launcher}"))
-            .map_err(|e| GpuError::Call(e.to_string()))?;
+        let threads = if threaded {
+            "#define RTX_THREADED_BLOCKS\n"
+        } else {
+            ""
+        };
+        std::fs::write(
+            &cpp,
+            format!("{threads}{SHIM}{LAUNCH_ABI}{source}\n{launcher}"),
+        )
+        .map_err(|e| GpuError::Call(e.to_string()))?;
         let out = Command::new(&self.compiler)
             .args([
                 "-O1",
                 "-std=c++17",
+                "-pthread",
                 "-shared",
                 "-fPIC",
                 "-ffp-contract=off",
