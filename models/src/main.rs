@@ -135,6 +135,8 @@ enum DeviceArg {
     Wgpu,
     /// The first CUDA GPU (`Device::cuda(0)`).
     Cuda,
+    /// The first AMD GPU, through HIP (`Device::hip(0)`).
+    Hip,
 }
 
 impl DeviceArg {
@@ -160,6 +162,16 @@ impl DeviceArg {
             #[cfg(not(feature = "cuda"))]
             DeviceArg::Cuda => Err(RtxError::Invalid(
                 "this binary was built without the `cuda` feature; run `cargo run --release -p models --features cuda -- train --device cuda`".into(),
+            )),
+            #[cfg(feature = "hip")]
+            DeviceArg::Hip => {
+                let device = Device::hip(0)?;
+                println!("device: {device}");
+                Ok(device)
+            }
+            #[cfg(not(feature = "hip"))]
+            DeviceArg::Hip => Err(RtxError::Invalid(
+                "this binary was built without the `hip` feature; run `cargo run --release -p models --features hip -- train --device hip`".into(),
             )),
         }
     }

@@ -3,7 +3,9 @@
 //! GPU (or libcuda, libcublas, libnvrtc) each test says it was skipped, by name;
 //! `RTX_REQUIRE_CUDA=1` (as in `scripts/gpu_check.sh`) makes that a failure. The tests that
 //! need no driver (buffers, launches, products through strided views) also run on
-//! `CudaDevice::on_cpu`, on every machine.
+//! `CudaDevice::on_cpu`, on every machine, and with the `hip` feature on the first AMD GPU
+//! (`CudaDevice::open_hip`) when there is one (`RTX_REQUIRE_HIP=1` makes its absence a
+//! failure).
 #![cfg(feature = "cuda")]
 
 use rtx_backends::cuda::{Arg, CudaDevice, CudaKernel, CudaView, GemmShape, GpuError};
@@ -25,6 +27,14 @@ fn device(test: &str) -> Option<CudaDevice> {
 /// (`RTX_REQUIRE_CXX=1` makes a missing one a failure).
 fn devices(test: &str) -> Vec<CudaDevice> {
     let mut found: Vec<CudaDevice> = device(test).into_iter().collect();
+    #[cfg(feature = "hip")]
+    match CudaDevice::open_hip(0) {
+        Ok(d) => found.push(d),
+        Err(e) if std::env::var("RTX_REQUIRE_HIP").as_deref() != Ok("1") => {
+            eprintln!("skipped on HIP: {test}: {e}");
+        }
+        Err(e) => panic!("{test}: RTX_REQUIRE_HIP=1 but {e}"),
+    }
     match CudaDevice::on_cpu() {
         Ok(d) => found.push(d),
         Err(e) if std::env::var("RTX_REQUIRE_CXX").as_deref() != Ok("1") => {
@@ -84,6 +94,36 @@ extern "C" __global__ void axpy(RTX_META, const float* x, float* y) {
     y[i] = 2.0f * x[i] + y[i];
 }
 "#;
+
+/// Opening an AMD GPU either gives one compiling for its `gfx` architecture, or says what is
+/// missing: the HIP runtime library, or a GPU.
+#[cfg(feature = "hip")]
+#[test]
+fn a_hip_device_compiles_for_its_gfx_architecture_or_says_what_is_missing() {
+    match CudaDevice::open_hip(0) {
+        Ok(d) => {
+            assert!(
+                d.is_hip() && d.arch().starts_with("gfx"),
+                "{}",
+                d.describe()
+            );
+        }
+        Err(e) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("no AMD GPU") || text.contains("libamdhip64"),
+                "{text}"
+            );
+            assert!(
+                std::env::var("RTX_REQUIRE_HIP").as_deref() != Ok("1"),
+                "{text}"
+            );
+            eprintln!(
+                "skipped on HIP: a_hip_device_compiles_for_its_gfx_architecture_or_says_what_is_missing: {text}"
+            );
+        }
+    }
+}
 
 #[test]
 fn a_buffer_reads_back_the_values_uploaded() {

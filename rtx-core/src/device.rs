@@ -1,6 +1,8 @@
 //! Where a tensor lives: [`Device::Cpu`], or a GPU ([`Device::Gpu`]): a wgpu adapter
 //! (`Device::wgpu()`, cargo feature `wgpu`: Vulkan, Metal, DX12, and Mesa's llvmpipe where
-//! there is no GPU) or a CUDA device (`Device::cuda(i)`, cargo feature `cuda`).
+//! there is no GPU), a CUDA device (`Device::cuda(i)`, cargo feature `cuda`) or an AMD GPU
+//! through HIP (`Device::hip(i)`, cargo feature `hip`: the CUDA device's kernels, compiled by
+//! hiprtc).
 //!
 //! A tensor on a GPU holds a device buffer and the same `Layout` as a CPU tensor, so view
 //! ops (permute, narrow, broadcast, reshape of contiguous values) stay views there too.
@@ -23,7 +25,8 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub enum Device {
     Cpu,
-    /// A GPU, shared by every tensor on it: [`Device::wgpu`] or [`Device::cuda`].
+    /// A GPU, shared by every tensor on it: [`Device::wgpu`], [`Device::cuda`] or
+    /// `Device::hip`.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     Gpu(Arc<Gpu>),
 }
@@ -59,6 +62,27 @@ impl Device {
             return Ok(Device::Gpu(Arc::clone(d)));
         }
         let d = Arc::new(Gpu::Cuda(rtx_backends::cuda::CudaDevice::open(ordinal)?));
+        opened.push((ordinal, Arc::clone(&d)));
+        Ok(Device::Gpu(d))
+    }
+
+    /// AMD GPU `ordinal` (0 for the first) through the HIP runtime, opened once per process
+    /// and shared by every later call: the CUDA device's kernels compiled by hiprtc, and a
+    /// tiled GEMM of our own for products. Without ROCm's `libamdhip64.so.5` or an AMD GPU
+    /// this is an error saying which is missing.
+    #[cfg(feature = "hip")]
+    pub fn hip(ordinal: usize) -> Result<Device> {
+        use std::sync::Mutex;
+        static OPENED: Mutex<Vec<(usize, Arc<Gpu>)>> = Mutex::new(Vec::new());
+        let mut opened = OPENED
+            .lock()
+            .map_err(|_| RtxError::Gpu("the HIP device table was poisoned".into()))?;
+        if let Some((_, d)) = opened.iter().find(|(i, _)| *i == ordinal) {
+            return Ok(Device::Gpu(Arc::clone(d)));
+        }
+        let d = Arc::new(Gpu::Cuda(rtx_backends::cuda::CudaDevice::open_hip(
+            ordinal,
+        )?));
         opened.push((ordinal, Arc::clone(&d)));
         Ok(Device::Gpu(d))
     }

@@ -22,7 +22,8 @@ const RTOL: f64 = 1e-4;
 
 /// The device the ops run on: the CPU, or with `RTX_TEST_DEVICE=wgpu` (and the `wgpu`
 /// feature) the wgpu adapter, or with `RTX_TEST_DEVICE=cuda` (and the `cuda` feature) the
-/// first CUDA GPU (`cuda-on-cpu`: the CUDA backend with its kernels run on the CPU), so that
+/// first CUDA GPU (`cuda-on-cpu`: the CUDA backend with its kernels run on the CPU), or with
+/// `RTX_TEST_DEVICE=hip` (and the `hip` feature) the first AMD GPU, so that
 /// this whole file is also each GPU backend's op test.
 fn test_device() -> rtx_core::Device {
     let wanted = std::env::var("RTX_TEST_DEVICE").unwrap_or_default();
@@ -33,6 +34,10 @@ fn test_device() -> rtx_core::Device {
     #[cfg(feature = "cuda")]
     if wanted == "cuda" {
         return rtx_core::Device::cuda(0).unwrap_or_else(|e| panic!("RTX_TEST_DEVICE=cuda: {e}"));
+    }
+    #[cfg(feature = "hip")]
+    if wanted == "hip" {
+        return rtx_core::Device::hip(0).unwrap_or_else(|e| panic!("RTX_TEST_DEVICE=hip: {e}"));
     }
     #[cfg(feature = "cuda")]
     if wanted == "cuda-on-cpu" {

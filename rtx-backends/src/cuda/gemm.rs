@@ -80,6 +80,8 @@ impl CudaDevice {
         let d = match self.runner() {
             Runner::Driver(d) => d,
             Runner::Host(h) => return h.gemm_f32(shape, a, b, c),
+            #[cfg(feature = "hip")]
+            Runner::Hip(_) => return self.gemm_f32_tiled(shape, a, b, c),
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (pa, _ra) = a.device_slice()?.device_ptr(&d.stream);
@@ -245,9 +247,10 @@ impl CudaDevice {
             ));
         }
         let Runner::Driver(d) = self.runner() else {
-            return Err(GpuError::Call(
-                "bf16 products need cuBLAS: the CPU stand-in has none".into(),
-            ));
+            return Err(GpuError::Call(format!(
+                "bf16 products need cuBLAS, which {} has not",
+                self.describe()
+            )));
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (pa, _ra) = a.device_slice()?.device_ptr(&d.stream);

@@ -14,6 +14,10 @@
 //!   (`compile_cached`), then loaded once per process and looked up by source hash.
 //! - Host reads synchronize the stream; nothing else waits.
 //!
+//! [`CudaDevice::open_hip`] (cargo feature `hip`) is the same device on an AMD GPU: the
+//! HIP runtime (`hip/runtime.rs`) in place of the driver, hiprtc in place of NVRTC, and the
+//! tiled GEMM of `gemm_tiled.rs` in place of cuBLAS.
+//!
 //! [`CudaDevice::on_cpu`] is the same device with its kernels run on the CPU instead
 //! (`host.rs`: the CUDA C built by `c++` under a shim, every thread in turn, and the CPU's
 //! GEMM for cuBLAS's products), so every path above the driver calls, rtx-core's executor
@@ -33,6 +37,8 @@ use cudarc::nvrtc::Ptx;
 
 use super::host::{Host, HostWords};
 use super::{GpuError, Result, compile_cached};
+#[cfg(feature = "hip")]
+use crate::hip::{HipDriver, HipSlice};
 use crate::kernel_cache::KernelCache;
 use crate::launch_abi::LaunchMeta;
 
@@ -61,6 +67,9 @@ enum Words {
     Device(CudaSlice<u32>),
     /// On a device that runs its kernels on the CPU.
     Host(HostWords),
+    /// On an AMD GPU, `len` words.
+    #[cfg(feature = "hip")]
+    Hip(HipSlice, usize),
 }
 
 impl CudaBuffer {
@@ -68,6 +77,8 @@ impl CudaBuffer {
         match &self.words {
             Words::Device(s) => s.len(),
             Words::Host(h) => h.len(),
+            #[cfg(feature = "hip")]
+            Words::Hip(_, len) => *len,
         }
     }
 
@@ -78,19 +89,34 @@ impl CudaBuffer {
     pub(super) fn device_slice(&self) -> Result<&CudaSlice<u32>> {
         match &self.words {
             Words::Device(s) => Ok(s),
-            Words::Host(_) => Err(GpuError::Call(
-                "a buffer of the CPU stand-in given to a GPU".into(),
-            )),
+            _ => Err(self.elsewhere("an NVIDIA GPU")),
         }
     }
 
     pub(super) fn host_words(&self) -> Result<&HostWords> {
         match &self.words {
             Words::Host(h) => Ok(h),
-            Words::Device(_) => Err(GpuError::Call(
-                "a GPU buffer given to the CPU stand-in".into(),
-            )),
+            _ => Err(self.elsewhere("the CPU stand-in")),
         }
+    }
+
+    #[cfg(feature = "hip")]
+    fn hip_slice(&self) -> Result<&HipSlice> {
+        match &self.words {
+            Words::Hip(h, _) => Ok(h),
+            _ => Err(self.elsewhere("an AMD GPU")),
+        }
+    }
+
+    /// The error for this buffer handed to a device of another kind (`to`).
+    fn elsewhere(&self, to: &str) -> GpuError {
+        let here = match &self.words {
+            Words::Device(_) => "an NVIDIA GPU",
+            Words::Host(_) => "the CPU stand-in",
+            #[cfg(feature = "hip")]
+            Words::Hip(..) => "an AMD GPU",
+        };
+        GpuError::Call(format!("a buffer of {here} given to {to}"))
     }
 }
 
@@ -124,6 +150,9 @@ pub struct CudaDevice {
 pub(super) enum Runner {
     Driver(Driver),
     Host(Host),
+    /// An AMD GPU through the HIP runtime (`CudaDevice::open_hip`).
+    #[cfg(feature = "hip")]
+    Hip(HipDriver),
 }
 
 /// A GPU through the driver: its context, stream, cuBLAS handle and loaded kernels.
@@ -227,6 +256,30 @@ impl CudaDevice {
         })
     }
 
+    /// AMD GPU `ordinal` (0 for the first) through the HIP runtime (`hip/runtime.rs`): the
+    /// same kernels compiled by hiprtc for its architecture, and the tiled GEMM of
+    /// `gemm_tiled.rs` for the products. Without ROCm's `libamdhip64.so.5` it is
+    /// `GpuError::MissingLibrary`; without an AMD GPU, an error saying so.
+    #[cfg(feature = "hip")]
+    pub fn open_hip(ordinal: usize) -> Result<CudaDevice> {
+        let opened = HipDriver::open(ordinal)?;
+        Ok(CudaDevice {
+            runner: Runner::Hip(opened.driver),
+            ordinal,
+            name: opened.name,
+            arch: opened.arch,
+        })
+    }
+
+    /// Whether this device is an AMD GPU driven through HIP ([`CudaDevice::open_hip`]).
+    pub fn is_hip(&self) -> bool {
+        #[cfg(feature = "hip")]
+        if let Runner::Hip(_) = self.runner {
+            return true;
+        }
+        false
+    }
+
     pub(super) fn runner(&self) -> &Runner {
         &self.runner
     }
@@ -258,6 +311,8 @@ impl CudaDevice {
                 Words::Device(d.stream.clone_htod(words).map_err(alloc_error(bytes))?)
             }
             Runner::Host(_) => Words::Host(HostWords::new(words.to_vec())),
+            #[cfg(feature = "hip")]
+            Runner::Hip(h) => Words::Hip(h.upload(words)?, words.len()),
         };
         Ok(CudaBuffer { words })
     }
@@ -290,6 +345,8 @@ impl CudaDevice {
                 Words::Device(d.stream.alloc_zeros(len).map_err(alloc_error(bytes))?)
             }
             Runner::Host(_) => Words::Host(HostWords::zeros(len)?),
+            #[cfg(feature = "hip")]
+            Runner::Hip(h) => Words::Hip(h.zeros(len)?, len),
         };
         Ok(CudaBuffer { words })
     }
@@ -306,6 +363,8 @@ impl CudaDevice {
                 Ok(out)
             }
             Runner::Host(h) => Ok(h.read(buf.host_words()?)),
+            #[cfg(feature = "hip")]
+            Runner::Hip(h) => h.read(buf.hip_slice()?, buf.len()),
         }
     }
 
@@ -343,6 +402,8 @@ impl CudaDevice {
                 h.copy(src.host_words()?, dst.host_words()?);
                 return Ok(());
             }
+            #[cfg(feature = "hip")]
+            Runner::Hip(h) => return h.copy(src.hip_slice()?, dst.hip_slice()?, src.len()),
         };
         let (from, _r) = src.device_slice()?.device_ptr(&d.stream);
         let (to, _w) = dst.device_slice()?.device_ptr(&d.stream);
@@ -359,6 +420,8 @@ impl CudaDevice {
         match &self.runner {
             Runner::Driver(d) => d.stream.synchronize().map_err(call("cuStreamSynchronize")),
             Runner::Host(_) => Ok(()),
+            #[cfg(feature = "hip")]
+            Runner::Hip(h) => h.synchronize(),
         }
     }
 
@@ -396,6 +459,8 @@ impl CudaDevice {
         match &self.runner {
             Runner::Driver(d) => self.function(d, kernel).map(|_| ()),
             Runner::Host(h) => h.build(kernel),
+            #[cfg(feature = "hip")]
+            Runner::Hip(h) => h.load(kernel.name, kernel.source, kernel.entry, &self.arch),
         }
     }
 
@@ -449,6 +514,16 @@ impl CudaDevice {
                     .collect::<Result<Vec<_>>>()?;
                 return h.launch(kernel, meta, &buffers, [x as u32, y as u32], group);
             }
+            #[cfg(feature = "hip")]
+            Runner::Hip(h) => {
+                let pointers = args
+                    .iter()
+                    .map(|a| a.buffer().hip_slice().map(HipSlice::ptr))
+                    .collect::<Result<Vec<_>>>()?;
+                let what = (kernel.name, kernel.source, kernel.entry);
+                let grid = [x as u32, y as u32];
+                return h.launch(what, &self.arch, meta, &pointers, grid, group);
+            }
         };
         let f = self.function(d, kernel)?;
         let cfg = LaunchConfig {
@@ -496,6 +571,8 @@ impl CudaDevice {
                 f()?;
                 return Ok(t.elapsed().as_secs_f32() * 1e3);
             }
+            #[cfg(feature = "hip")]
+            Runner::Hip(h) => return h.time_ms(f),
         };
         let start = d
             .stream

@@ -1,7 +1,8 @@
-//! The HIP backend (cargo feature `hip`), so far its compiler half: the CUDA C kernels of
+//! The HIP backend (cargo feature `hip`, which brings `cuda` with it): the CUDA C kernels of
 //! `rtx_ir::emit` behind `HIP_PRELUDE`, compiled by hiprtc to an AMD code object (ELF) for
-//! one architecture, e.g. `gfx90a` (MI200). hiprtc needs no GPU, so CI compiles every kernel
-//! of every model on a machine without one.
+//! one architecture, e.g. `gfx90a` (MI200), and run by `runtime.rs` on an AMD GPU as a
+//! [`CudaDevice`](crate::cuda::CudaDevice) (`CudaDevice::open_hip`). hiprtc needs no GPU, so
+//! CI compiles every kernel of every model on a machine without one.
 //!
 //! hiprtc lives in ROCm's `libamdhip64.so.5` (Debian: `libamdhip64-5`,
 //! `libhiprtc-builtins5`), opened at run time; without it [`compile`] returns
@@ -14,6 +15,10 @@ use std::sync::OnceLock;
 use libloading::{Library, Symbol};
 
 pub use crate::gpu_error::{GpuError, Result};
+
+mod runtime;
+pub use runtime::hip_available;
+pub(crate) use runtime::{HipDriver, HipSlice};
 
 const LIBRARY: &str = "libamdhip64.so.5";
 const HELP: &str = "install Debian's `libamdhip64-5` and `libhiprtc-builtins5` (ROCm 5.2)";
