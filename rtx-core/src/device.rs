@@ -105,6 +105,22 @@ impl Device {
         }
     }
 
+    /// [`Device::cuda_on_cpu`] with every product run by the tiled GEMM kernel a HIP device
+    /// runs (`CudaDevice::on_cpu_as_hip`), so `Device::hip`'s kernels are checked on the CPU.
+    #[cfg(feature = "cuda")]
+    pub fn hip_on_cpu() -> Result<Device> {
+        use std::sync::OnceLock;
+        static OPENED: OnceLock<std::result::Result<Arc<Gpu>, String>> = OnceLock::new();
+        match OPENED.get_or_init(|| {
+            rtx_backends::cuda::CudaDevice::on_cpu_as_hip()
+                .map(|d| Arc::new(Gpu::Cuda(d)))
+                .map_err(|e| e.to_string())
+        }) {
+            Ok(d) => Ok(Device::Gpu(Arc::clone(d))),
+            Err(e) => Err(RtxError::Gpu(e.clone())),
+        }
+    }
+
     pub fn is_cpu(&self) -> bool {
         matches!(self, Device::Cpu)
     }

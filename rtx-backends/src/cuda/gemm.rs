@@ -79,6 +79,7 @@ impl CudaDevice {
         let s = check_gemm(shape, a.len(), b.len(), c.len())?;
         let d = match self.runner() {
             Runner::Driver(d) => d,
+            Runner::Host(h) if h.tiled_gemm() => return self.gemm_f32_tiled(shape, a, b, c),
             Runner::Host(h) => return h.gemm_f32(shape, a, b, c),
             #[cfg(feature = "hip")]
             Runner::Hip(_) => return self.gemm_f32_tiled(shape, a, b, c),

@@ -62,18 +62,30 @@ impl HostWords {
 pub(crate) struct Host {
     kernels: CudaOnCpu,
     lock: Mutex<()>,
+    /// Products by the tiled GEMM kernel (what a HIP device runs) instead of the CPU's GEMM.
+    tiled_gemm: bool,
 }
 
 impl Host {
-    pub(super) fn open() -> Result<Host> {
+    pub(super) fn open(tiled_gemm: bool) -> Result<Host> {
         Ok(Host {
             kernels: CudaOnCpu::open()?,
             lock: Mutex::new(()),
+            tiled_gemm,
         })
     }
 
     pub(super) fn describe(&self) -> String {
-        format!("CUDA kernels on {}", self.kernels.describe())
+        let products = if self.tiled_gemm {
+            ", products by the tiled GEMM kernel as on HIP"
+        } else {
+            ""
+        };
+        format!("CUDA kernels on {}{products}", self.kernels.describe())
+    }
+
+    pub(super) fn tiled_gemm(&self) -> bool {
+        self.tiled_gemm
     }
 
     fn lock(&self) -> MutexGuard<'_, ()> {

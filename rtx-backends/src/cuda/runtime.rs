@@ -246,7 +246,18 @@ impl CudaDevice {
     /// refuses kernels that share memory between threads. Without a C++ compiler it is
     /// `GpuError::MissingLibrary`.
     pub fn on_cpu() -> Result<CudaDevice> {
-        let host = Host::open()?;
+        Self::host(Host::open(false)?)
+    }
+
+    /// [`CudaDevice::on_cpu`] with its products run by the tiled GEMM kernel of
+    /// `gemm_tiled.rs` (on the CPU, a block's threads side by side) instead of the CPU's GEMM:
+    /// everything a HIP device ([`CudaDevice::open_hip`]) launches, so that path's values
+    /// are checked on machines without an AMD GPU. Slower still than `on_cpu`.
+    pub fn on_cpu_as_hip() -> Result<CudaDevice> {
+        Self::host(Host::open(true)?)
+    }
+
+    fn host(host: Host) -> Result<CudaDevice> {
         let name = host.describe();
         Ok(CudaDevice {
             runner: Runner::Host(host),
