@@ -400,7 +400,7 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
-    fn get(self) -> *mut f32 {
+    pub(super) fn get(self) -> *mut f32 {
         self.0
     }
 }

@@ -94,26 +94,38 @@ pub(super) fn pack_b<'b>(
         }
         return;
     }
-    // Band `band` of operand `i` is `bands[i * per_operand + band]`: its slice of every panel.
+    // Band `band` of operand `i` writes rows `band * ROW_BAND..` of each of that operand's
+    // panels: through a raw pointer, since those rows are no one contiguous slice (and a list
+    // of slices per band would allocate on every product).
     let per_operand = k.div_ceil(ROW_BAND);
-    let mut bands: Vec<Vec<&mut [f32]>> = (0..count * per_operand)
-        .map(|_| Vec::with_capacity(panels))
-        .collect();
-    for (index, panel) in dst.chunks_mut(k * nr).enumerate() {
-        let first = index / panels * per_operand;
-        for (band, piece) in panel.chunks_mut(ROW_BAND * nr).enumerate() {
-            bands[first + band].push(piece);
-        }
-    }
-    let pack = |(index, mut pieces): (usize, Vec<&mut [f32]>)| {
+    // The bound every write below relies on (the caller sizes `dst` so).
+    assert!(
+        dst.len() >= count * panels * k * nr,
+        "packed B buffer too short"
+    );
+    let base = super::OutPtr(dst.as_mut_ptr());
+    let pack = |index: usize| {
         let (operand, band) = (index / per_operand, index % per_operand);
         let k0 = band * ROW_BAND;
-        pack_b_band(b_of(operand), k0, ROW_BAND.min(k - k0), n, nr, &mut pieces);
+        // SAFETY: `dst` holds `count * panels * k * nr` values; this band's rows of this
+        // operand's panels are written by this call alone.
+        unsafe {
+            let panels_at = base.get().add(operand * panels * k * nr);
+            pack_b_band(
+                b_of(operand),
+                k0,
+                ROW_BAND.min(k - k0),
+                n,
+                nr,
+                panels_at,
+                k * nr,
+            );
+        }
     };
     if parallel {
-        bands.into_par_iter().enumerate().for_each(pack);
+        (0..count * per_operand).into_par_iter().for_each(pack);
     } else {
-        bands.into_iter().enumerate().for_each(pack);
+        (0..count * per_operand).for_each(pack);
     }
 }
 
@@ -121,22 +133,31 @@ pub(super) fn pack_b<'b>(
 /// 32-wide panel is 8 KiB.
 const ROW_BAND: usize = 64;
 
-/// Rows `k0..k0 + kb` of a row-major B (`col_stride == 1`) into each panel's slice of that
-/// band (`pieces[p]`: `kb * nr` values of panel `p`; columns past `n` are zero).
-fn pack_b_band(
+/// Rows `k0..k0 + kb` of a row-major B (`col_stride == 1`) into each of its panels, which
+/// start `panel_len` values apart from `panels` (columns past `n` are zero).
+///
+/// # Safety
+/// `panels` points at `n.div_ceil(nr)` panels of `panel_len >= (k0 + kb) * nr` values, whose
+/// rows `k0..k0 + kb` no one else touches during the call.
+unsafe fn pack_b_band(
     b: MatrixView,
     k0: usize,
     kb: usize,
     n: usize,
     nr: usize,
-    pieces: &mut [&mut [f32]],
+    panels: *mut f32,
+    panel_len: usize,
 ) {
+    let count = n.div_ceil(nr);
     let full = n / nr;
     for kk in 0..kb {
         let start = b.offset + (k0 + kk) * b.row_stride;
         let row = &b.data[start..start + n];
-        for (p, piece) in pieces.iter_mut().enumerate() {
-            let dst = &mut piece[kk * nr..(kk + 1) * nr];
+        for p in 0..count {
+            // SAFETY: row `k0 + kk` of panel `p`, inside it and this call's alone.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(panels.add(p * panel_len + (k0 + kk) * nr), nr)
+            };
             let src = &row[p * nr..];
             if p < full {
                 // A constant width: a few vector moves, not a memcpy call per panel row.
