@@ -36,16 +36,10 @@ impl Device {
     /// a GPU), opened once and shared by every later call.
     #[cfg(feature = "wgpu")]
     pub fn wgpu() -> Result<Device> {
-        use std::sync::OnceLock;
-        static OPENED: OnceLock<std::result::Result<Arc<Gpu>, String>> = OnceLock::new();
-        match OPENED.get_or_init(|| {
-            rtx_backends::wgpu::WgpuDevice::open()
-                .map(|d| Arc::new(Gpu::Wgpu(d)))
-                .map_err(|e| e.to_string())
-        }) {
-            Ok(d) => Ok(Device::Gpu(Arc::clone(d))),
-            Err(e) => Err(RtxError::Gpu(e.clone())),
-        }
+        static OPENED: OpenedOnce = OpenedOnce::new();
+        opened_once(&OPENED, || {
+            rtx_backends::wgpu::WgpuDevice::open().map(Gpu::Wgpu)
+        })
     }
 
     /// CUDA device `ordinal` (0 for the first GPU), opened once per process and shared by
@@ -53,17 +47,10 @@ impl Device {
     /// missing.
     #[cfg(feature = "cuda")]
     pub fn cuda(ordinal: usize) -> Result<Device> {
-        use std::sync::Mutex;
-        static OPENED: Mutex<Vec<(usize, Arc<Gpu>)>> = Mutex::new(Vec::new());
-        let mut opened = OPENED
-            .lock()
-            .map_err(|_| RtxError::Gpu("the CUDA device table was poisoned".into()))?;
-        if let Some((_, d)) = opened.iter().find(|(i, _)| *i == ordinal) {
-            return Ok(Device::Gpu(Arc::clone(d)));
-        }
-        let d = Arc::new(Gpu::Cuda(rtx_backends::cuda::CudaDevice::open(ordinal)?));
-        opened.push((ordinal, Arc::clone(&d)));
-        Ok(Device::Gpu(d))
+        static OPENED: OpenedByOrdinal = OpenedByOrdinal::new(Vec::new());
+        opened_by_ordinal(&OPENED, ordinal, "CUDA", || {
+            rtx_backends::cuda::CudaDevice::open(ordinal).map(Gpu::Cuda)
+        })
     }
 
     /// AMD GPU `ordinal` (0 for the first) through the HIP runtime, opened once per process
@@ -72,19 +59,10 @@ impl Device {
     /// this is an error saying which is missing.
     #[cfg(feature = "hip")]
     pub fn hip(ordinal: usize) -> Result<Device> {
-        use std::sync::Mutex;
-        static OPENED: Mutex<Vec<(usize, Arc<Gpu>)>> = Mutex::new(Vec::new());
-        let mut opened = OPENED
-            .lock()
-            .map_err(|_| RtxError::Gpu("the HIP device table was poisoned".into()))?;
-        if let Some((_, d)) = opened.iter().find(|(i, _)| *i == ordinal) {
-            return Ok(Device::Gpu(Arc::clone(d)));
-        }
-        let d = Arc::new(Gpu::Cuda(rtx_backends::cuda::CudaDevice::open_hip(
-            ordinal,
-        )?));
-        opened.push((ordinal, Arc::clone(&d)));
-        Ok(Device::Gpu(d))
+        static OPENED: OpenedByOrdinal = OpenedByOrdinal::new(Vec::new());
+        opened_by_ordinal(&OPENED, ordinal, "HIP", || {
+            rtx_backends::cuda::CudaDevice::open_hip(ordinal).map(Gpu::Cuda)
+        })
     }
 
     /// A CUDA device whose kernels run on this CPU (`CudaDevice::on_cpu`: the same CUDA C
@@ -93,32 +71,20 @@ impl Device {
     /// the driver, so the CUDA path is checked on machines without a GPU; it is slow.
     #[cfg(feature = "cuda")]
     pub fn cuda_on_cpu() -> Result<Device> {
-        use std::sync::OnceLock;
-        static OPENED: OnceLock<std::result::Result<Arc<Gpu>, String>> = OnceLock::new();
-        match OPENED.get_or_init(|| {
-            rtx_backends::cuda::CudaDevice::on_cpu()
-                .map(|d| Arc::new(Gpu::Cuda(d)))
-                .map_err(|e| e.to_string())
-        }) {
-            Ok(d) => Ok(Device::Gpu(Arc::clone(d))),
-            Err(e) => Err(RtxError::Gpu(e.clone())),
-        }
+        static OPENED: OpenedOnce = OpenedOnce::new();
+        opened_once(&OPENED, || {
+            rtx_backends::cuda::CudaDevice::on_cpu().map(Gpu::Cuda)
+        })
     }
 
     /// [`Device::cuda_on_cpu`] with every product run by the tiled GEMM kernel a HIP device
     /// runs (`CudaDevice::on_cpu_as_hip`), so `Device::hip`'s kernels are checked on the CPU.
     #[cfg(feature = "cuda")]
     pub fn hip_on_cpu() -> Result<Device> {
-        use std::sync::OnceLock;
-        static OPENED: OnceLock<std::result::Result<Arc<Gpu>, String>> = OnceLock::new();
-        match OPENED.get_or_init(|| {
-            rtx_backends::cuda::CudaDevice::on_cpu_as_hip()
-                .map(|d| Arc::new(Gpu::Cuda(d)))
-                .map_err(|e| e.to_string())
-        }) {
-            Ok(d) => Ok(Device::Gpu(Arc::clone(d))),
-            Err(e) => Err(RtxError::Gpu(e.clone())),
-        }
+        static OPENED: OpenedOnce = OpenedOnce::new();
+        opened_once(&OPENED, || {
+            rtx_backends::cuda::CudaDevice::on_cpu_as_hip().map(Gpu::Cuda)
+        })
     }
 
     pub fn is_cpu(&self) -> bool {
@@ -133,6 +99,49 @@ impl Device {
             Device::Cpu => None,
         }
     }
+}
+
+/// A device opened at most once per process (its opening's error kept as text).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+type OpenedOnce = std::sync::OnceLock<std::result::Result<Arc<Gpu>, String>>;
+
+/// The device in `cell`, opened by `open` on the first call.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn opened_once<E: fmt::Display>(
+    cell: &'static OpenedOnce,
+    open: impl FnOnce() -> std::result::Result<Gpu, E>,
+) -> Result<Device> {
+    match cell.get_or_init(|| open().map(Arc::new).map_err(|e| e.to_string())) {
+        Ok(d) => Ok(Device::Gpu(Arc::clone(d))),
+        Err(e) => Err(RtxError::Gpu(e.clone())),
+    }
+}
+
+/// Devices opened so far, by ordinal.
+#[cfg(feature = "cuda")]
+type OpenedByOrdinal = std::sync::Mutex<Vec<(usize, Arc<Gpu>)>>;
+
+/// Device `ordinal` of `table` (`what` names the kind in errors), opened by `open` the first
+/// time it is asked for; a failed opening is tried again on the next call.
+#[cfg(feature = "cuda")]
+fn opened_by_ordinal<E>(
+    table: &'static OpenedByOrdinal,
+    ordinal: usize,
+    what: &str,
+    open: impl FnOnce() -> std::result::Result<Gpu, E>,
+) -> Result<Device>
+where
+    RtxError: From<E>,
+{
+    let mut opened = table
+        .lock()
+        .map_err(|_| RtxError::Gpu(format!("the {what} device table was poisoned")))?;
+    if let Some((_, d)) = opened.iter().find(|(i, _)| *i == ordinal) {
+        return Ok(Device::Gpu(Arc::clone(d)));
+    }
+    let d = Arc::new(open()?);
+    opened.push((ordinal, Arc::clone(&d)));
+    Ok(Device::Gpu(d))
 }
 
 impl PartialEq for Device {
