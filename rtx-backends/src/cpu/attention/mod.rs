@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use std::borrow::Cow;
 
 mod slice;
-use slice::{backward_slice, forward_slice};
+use slice::{ROWS, WIDE_ROWS, backward_slice, forward_slice};
 
 /// Keys per block of the online softmax: the scores of a few query rows against one block
 /// stay in registers.
@@ -242,12 +242,12 @@ pub fn attention_into<B: AsMut<[f32]>>(
                 if wide_tiles {
                     super::simd::widest(
                         #[inline(always)]
-                        || forward_slice::<KEY_BLOCK>(&a, w, out),
+                        || forward_slice::<WIDE_ROWS, KEY_BLOCK>(&a, w, out),
                     )
                 } else {
                     super::simd::widest(
                         #[inline(always)]
-                        || forward_slice::<{ KEY_BLOCK / 2 }>(&a, w, out),
+                        || forward_slice::<ROWS, { KEY_BLOCK / 2 }>(&a, w, out),
                     )
                 }
             })

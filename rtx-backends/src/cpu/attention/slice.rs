@@ -12,9 +12,15 @@
 use super::{KEY_BLOCK, Rows, Scratch, Slice};
 use crate::cpu::scalar::exp_fused as exp;
 
-/// Query rows per register tile: `ROWS x KEY_BLOCK` scores are 8 AVX-512 (or 16 AVX2)
-/// registers, a value block's `ROWS x LANES` partial outputs 4 (or 8).
-const ROWS: usize = 4;
+/// Query rows per register tile where key blocks are half wide (AVX2 and narrower):
+/// `ROWS x KEY_BLOCK / 2` scores are 8 AVX2 registers, a value block's `ROWS x LANES`
+/// partial outputs 8.
+pub(super) const ROWS: usize = 4;
+
+/// Query rows per register tile with whole key blocks (AVX-512): `WIDE_ROWS x KEY_BLOCK`
+/// scores are 16 of the 32 registers, so each key row loaded serves twice the queries that
+/// `ROWS` would (the forward pass ran at about 55 GFLOP/s with 4, load-bound).
+pub(super) const WIDE_ROWS: usize = 8;
 
 /// Independent accumulators of the sums and maxima over a row of scores (one chain each, so
 /// the loops vectorize), and the columns of one register of partial output.
@@ -91,16 +97,22 @@ fn padded(rows: usize) -> usize {
 /// `KEY_BLOCK` wide. Scaling the keys here, not the queries, lets q be read in place.
 #[inline(always)]
 fn transpose_padded(
-    (m, rs): (&[f32], usize),
+    m: (&[f32], usize),
     (rows, cols): (usize, usize),
     scale: f32,
     stride: usize,
     t: &mut Vec<f32>,
 ) {
     t.resize(cols * stride, 0.0);
+    if crate::cpu::gemm::transpose_scaled(m, (rows, cols), scale, (t, stride)) {
+        for col in t.chunks_exact_mut(stride) {
+            col[rows..].fill(0.0);
+        }
+        return;
+    }
     for (c, col) in t.chunks_exact_mut(stride).enumerate() {
         for (j, o) in col[..rows].iter_mut().enumerate() {
-            *o = m[j * rs + c] * scale;
+            *o = m.0[j * m.1 + c] * scale;
         }
         col[rows..].fill(0.0);
     }
@@ -276,13 +288,17 @@ fn forward_rows<const R: usize, const KW: usize>(
 
 /// The output rows of one slice (`Tq x Dv`).
 #[inline(always)]
-pub(super) fn forward_slice<const KW: usize>(a: &Slice<'_, '_>, w: &mut Scratch, out: &mut [f32]) {
+pub(super) fn forward_slice<const R: usize, const KW: usize>(
+    a: &Slice<'_, '_>,
+    w: &mut Scratch,
+    out: &mut [f32],
+) {
     let (q, k, v) = (a.q, a.k, a.v);
     let (tq, tk, d, dv) = (q.rows, k.rows, q.cols, v.cols);
     let ((qd, qr), (vd, vr)) = (q.slice(a.s), v.slice(a.s));
     let stride = padded(tk);
     transpose_padded(k.slice(a.s), (tk, d), a.scale, stride, &mut w.kt);
-    w.acc.resize(ROWS * dv, 0.0);
+    w.acc.resize(R * dv, 0.0);
     let x = SliceData {
         q: qd,
         qr,
@@ -293,9 +309,9 @@ pub(super) fn forward_slice<const KW: usize>(a: &Slice<'_, '_>, w: &mut Scratch,
         causal: a.causal,
     };
     let mut first = 0;
-    while first + ROWS <= tq {
-        forward_rows::<ROWS, KW>(&x, (vd, vr, dv), first, &mut w.acc, out);
-        first += ROWS;
+    while first + R <= tq {
+        forward_rows::<R, KW>(&x, (vd, vr, dv), first, &mut w.acc, out);
+        first += R;
     }
     while first < tq {
         forward_rows::<1, KW>(&x, (vd, vr, dv), first, &mut w.acc, out);

@@ -40,6 +40,7 @@ pub(crate) use packed::{TileShape, tile};
 #[cfg(target_arch = "x86_64")]
 use scratch::with_cached_scratch;
 use scratch::{PACKED_B, with_scratch};
+pub(crate) use transpose::transpose_scaled;
 
 use crate::layout::{Dims, Layout};
 

@@ -88,23 +88,9 @@ pub(super) fn packed<'b, A: PackA>(
             if share_a {
                 // Per batch, K slice `k0` holds every row panel over that slice from
                 // `a_panels * mr * k0`, as a task would pack it.
-                for (batch, batch_a) in shared_a.chunks_mut(a_len).enumerate() {
-                    let a = a_of(batch);
-                    for k0 in (0..k).step_by(KC) {
-                        let kc = KC.min(k - k0);
-                        let slice = &mut batch_a[a_panels * mr * k0..][..a_panels * mr * kc];
-                        let group = SHARED_A_PANELS * kc * mr;
-                        let pack = |(g, dst): (usize, &mut [f32])| {
-                            let row0 = g * SHARED_A_PANELS * mr;
-                            a.pack(row0, (SHARED_A_PANELS * mr).min(m - row0), k0, kc, mr, dst);
-                        };
-                        if parallel {
-                            slice.par_chunks_mut(group).enumerate().for_each(pack);
-                        } else {
-                            slice.chunks_mut(group).enumerate().for_each(pack);
-                        }
-                    }
-                    if let Some(sums) = row_sums {
+                pack_shared_a(a_of, (batches, m, k), (mr, a_panels), shared_a, parallel);
+                if let Some(sums) = row_sums {
+                    for (batch, batch_a) in shared_a.chunks(a_len).enumerate() {
                         // SAFETY: `batch * m` is inside the `batches * m` sums.
                         let sums = OutPtr(unsafe { sums.get().add(batch * m) });
                         sum_shared_rows(batch_a, m, k, mr, sums, parallel);
@@ -149,6 +135,47 @@ pub(super) fn packed<'b, A: PackA>(
             }
         });
     });
+}
+
+/// Every batch's A packed once for all column blocks into `shared_a` (`batches` runs of
+/// `a_panels * mr * k` values): per batch, K slice `k0` holds every row panel over that slice
+/// from `a_panels * mr * k0`, as a task would pack it. One parallel pass over all (batch,
+/// K slice, group of `SHARED_A_PANELS` panels) pieces: forking once per K slice over a
+/// weight gradient's three groups left one of two threads idle a third of the time.
+fn pack_shared_a<A: PackA>(
+    a_of: &(dyn Fn(usize) -> A + Sync),
+    (batches, m, k): (usize, usize, usize),
+    (mr, a_panels): (usize, usize),
+    shared_a: &mut [f32],
+    parallel: bool,
+) {
+    let a_len = a_panels * mr * k;
+    let slices = k.div_ceil(KC);
+    let groups = a_panels.div_ceil(SHARED_A_PANELS);
+    // The bound every write below relies on (the caller sizes `shared_a` so).
+    assert!(
+        shared_a.len() >= batches * a_len,
+        "shared A buffer too short"
+    );
+    let base = OutPtr(shared_a.as_mut_ptr());
+    let pack = |piece: usize| {
+        let (batch, rest) = (piece / (slices * groups), piece % (slices * groups));
+        let (slice, g) = (rest / groups, rest % groups);
+        let (k0, row0) = (slice * KC, g * SHARED_A_PANELS * mr);
+        let kc = KC.min(k - k0);
+        let panels = SHARED_A_PANELS.min(a_panels - g * SHARED_A_PANELS);
+        let at = batch * a_len + a_panels * mr * k0 + g * SHARED_A_PANELS * kc * mr;
+        // SAFETY: `at + panels * kc * mr` lies inside this batch's K slice, and no other
+        // piece writes these panels of it.
+        let dst = unsafe { std::slice::from_raw_parts_mut(base.get().add(at), panels * kc * mr) };
+        a_of(batch).pack(row0, (panels * mr).min(m - row0), k0, kc, mr, dst);
+    };
+    let pieces = batches * slices * groups;
+    if parallel {
+        (0..pieces).into_par_iter().for_each(pack);
+    } else {
+        (0..pieces).for_each(pack);
+    }
 }
 
 /// One task: rows `rows.0..rows.0 + rows.1` and columns `cols.0..cols.0 + cols.1` of one
@@ -337,7 +364,9 @@ const MAX_BLOCK_ROWS: usize = super::MAX_ROW_PANELS * 14;
 /// every row panel in each), written to `sums[..m]`: per group of row panels, each row adds
 /// its values in K order in f64 (the order `Block::multiply` uses), then rounds once.
 fn sum_shared_rows(packed: &[f32], m: usize, k: usize, mr: usize, sums: OutPtr, parallel: bool) {
-    const GROUP: usize = SHARED_A_PANELS;
+    // One panel per piece: a weight gradient's 10 panels in groups of 4 kept one of two
+    // threads idle a third of the time.
+    const GROUP: usize = 1;
     let panels = m.div_ceil(mr);
     let group_sums = |g: usize| {
         let first = g * GROUP;
